@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make test` and `make demo`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo blas clean-venv
+
+setup: $(STAMP) blas
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+# Linux only: MLX's CPU wheel bundles the reference BLAS (~30x slower); Debian's OpenBLAS fixes that.
+blas:
+	@bash scripts/install_openblas.sh
+
+test: setup
+	$(PY) scripts/run_tests.py
+
+demo: setup
+	bash scripts/demo.sh
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,5 @@
+"""`python -m wordle_mlx` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""The `wordle-mlx` command line: thin Typer commands that parse arguments and hand off.
+
+Each command builds its stage's config (from a JSON file and/or flags) through `config.load_config`,
+calls the stage's `run(cfg)`, and prints JSON on stdout when asked. A `UserError` anywhere becomes one
+line on stderr and exit code 2; there is no traceback for bad input. On Linux the process first
+re-executes itself with OpenBLAS preloaded (see `blas.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .blas import reexec_with_openblas
+from .config import load_config
+from .errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Teach a Gemma 3 model to play Wordle with SFT and GRPO on MLX.")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="JSON config file.")]
+
+
+def emit(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
+@app.command()
+def doctor(json_output: JsonFlag = False,
+           size: Annotated[int, typer.Option(help="Matmul size N for the N x N GFLOP/s test.")] = 1024) -> None:
+    """Platform, versions, device, BLAS, and MLX vs numpy matmul GFLOP/s."""
+    from .stages import doctor as stage
+    cfg = load_config(None, stage.DoctorConfig, {"size": size, "json_output": json_output})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
+def entropy(json_output: JsonFlag = False,
+            candidates: Annotated[str, typer.Option(help="Candidate set: 'answers' (2,315) or 'allowed' (all).")] = "answers",
+            top: Annotated[int, typer.Option(help="How many guesses to list.")] = 10,
+            answers_list: Annotated[str, typer.Option(help="'answers' or a word-list file.")] = "answers",
+            allowed_list: Annotated[str, typer.Option(help="'allowed', 'nyt' or a word-list file.")] = "allowed") -> None:
+    """Entropy of every allowed guess over the candidates (cached pattern matrix)."""
+    from .stages import entropy as stage
+    cfg = load_config(None, stage.EntropyConfig, {"candidates": candidates, "top": top, "json_output": json_output,
+                                                   "answers_list": answers_list, "allowed_list": allowed_list})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
+def solve(word: Annotated[Optional[str], typer.Option("--word", help="Play one game against this secret.")] = None,
+          all_answers: Annotated[bool, typer.Option("--all", help="Play every answer.")] = False,
+          json_output: JsonFlag = False,
+          answers_list: Annotated[str, typer.Option(help="'answers' or a word-list file.")] = "answers",
+          allowed_list: Annotated[str, typer.Option(help="'allowed', 'nyt' or a word-list file.")] = "allowed") -> None:
+    """The greedy max-entropy solver: one game (--word) or all answers (--all)."""
+    from .stages import solve as stage
+    cfg = load_config(None, stage.SolveConfig, {"word": word, "all_answers": all_answers, "json_output": json_output,
+                                                 "answers_list": answers_list, "allowed_list": allowed_list})
+    emit(stage.run(cfg), json_output)
+
+
+def main() -> None:
+    reexec_with_openblas()
+    try:
+        app()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,116 @@
+"""Configuration: strict pydantic models, loaded and validated in one place.
+
+Every stage has a model with `extra="forbid"`, so a misspelt key is an error, not a silent default.
+`load_config(path, Model, overrides)` reads the JSON file, applies command-line overrides (dotted keys),
+validates, and turns any problem into a one-line `UserError` naming the file, the field and the value.
+Relative paths inside a config are resolved against the config file's folder (`resolve_path`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Type, TypeVar
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+
+from .errors import UserError
+
+M = TypeVar("M", bound="StrictModel")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    _base_dir: Path | None = PrivateAttr(default=None)
+    _source: str = PrivateAttr(default="")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line: `source: field.path: message (got value)`, plus a count of further errors."""
+    errors = err.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    got = f" (got {_short(first['input'])})" if "input" in first and first["type"] != "missing" else ""
+    more = f" [and {len(errors) - 1} more error(s)]" if len(errors) > 1 else ""
+    return f"{source}: {loc}: {msg}{got}{more}"
+
+
+def set_dotted(data: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise UserError(f"override {dotted}: {key} is not a section")
+    node[keys[-1]] = value
+
+
+def read_json_file(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected a JSON file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    if not text.strip():
+        raise UserError(f"{path}: file is empty, expected a JSON object")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply") from None
+
+
+def validate_config(data: Any, model: Type[M], source: str) -> M:
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a JSON object at the top level, got {type(data).__name__}")
+    try:
+        cfg = model.model_validate(data)
+    except ValidationError as err:
+        raise UserError(format_validation_error(err, source)) from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as err:
+        raise UserError(f"{source}: {err}") from None
+    cfg._source = source
+    return cfg
+
+
+def load_config(path: str | Path | None, model: Type[M], overrides: dict[str, Any] | None = None) -> M:
+    """Read JSON `path` (or start empty), apply dotted overrides, validate against `model`."""
+    data: Any = read_json_file(path) if path is not None else {}
+    if isinstance(data, dict):
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                set_dotted(data, key, value)
+    cfg = validate_config(data, model, str(path) if path is not None else "command line")
+    cfg._base_dir = Path(path).resolve().parent if path is not None else Path.cwd()
+    return cfg
+
+
+def config_dir(cfg: BaseModel) -> Path:
+    """Folder against which relative paths in `cfg` are resolved."""
+    return getattr(cfg, "_base_dir", None) or Path.cwd()
+
+
+def resolve_path(cfg: BaseModel, value: str | Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (config_dir(cfg) / p)
+
+
+def config_hash(cfg: BaseModel) -> str:
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]

@@ -1,0 +1,79 @@
+"""What a played game leaves behind for the trainer: `Episode`s made of `Turn`s.
+
+A `Turn` holds exactly what the model saw and did: the prompt token ids, the sampled completion token
+ids with their log-probabilities under the sampling policy, the decoded text, the parsed guess or the
+reply error, and the feedback when the guess was played. `Episode.token_sequences()` turns a game into
+training sequences: one per turn, prompt tokens with mask 0 followed by completion tokens with mask 1,
+with the rollout logprobs aligned to the completion tokens. Everything the environment or the prompt
+contributes is masked; only model tokens carry loss. This module does not import mlx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..game.state import GameState
+
+
+@dataclass
+class Turn:
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    logprobs: list[float]              # one per completion token (sampled token, rollout policy)
+    text: str                          # decoded completion
+    guess: str | None                  # parsed guess (may be invalid when error is set)
+    error: str | None                  # reply error kind from prompts.REPLY_ERRORS, or None
+    pattern: str | None = None         # feedback, when the guess was played
+    repeated: bool = False             # the guess was already on the board
+    consistent: bool | None = None     # played guess consistent with all earlier feedback
+    finish_reason: str = "stop"        # "stop" (end token / closing tag) or "length" (hit max tokens)
+
+
+@dataclass
+class TokenSequence:
+    tokens: list[int]
+    mask: list[int]                    # 1 for model tokens (loss), 0 for prompt/environment tokens
+    logprobs: list[float]              # rollout logprobs aligned with `tokens` (0.0 where mask is 0)
+    turn_index: int = 0
+
+
+@dataclass
+class Episode:
+    secret: str
+    seeded: list[str]                  # guesses given in the prompt before the model played
+    state: GameState                   # final board, seeded guesses included
+    turns: list[Turn] = field(default_factory=list)
+    group: int = 0                     # index of the prompt this game was played from (for GRPO groups)
+    invalid_replies: int = 0
+    timed_out: bool = False
+
+    @property
+    def won(self) -> bool:
+        return self.state.won
+
+    @property
+    def model_guesses(self) -> list[str]:
+        return self.state.guesses[len(self.seeded):]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(t.completion_tokens) for t in self.turns)
+
+    def outcome(self) -> dict:
+        """The per-game record logged in metrics (secret, won, guesses)."""
+        return {"secret": self.secret, "won": self.won, "guesses": list(self.state.guesses),
+                "seeded": len(self.seeded)}
+
+    def token_sequences(self) -> list[TokenSequence]:
+        out = []
+        for i, turn in enumerate(self.turns):
+            n_prompt, n_comp = len(turn.prompt_tokens), len(turn.completion_tokens)
+            if len(turn.logprobs) != n_comp:
+                raise ValueError(f"turn {i} of {self.secret!r}: {len(turn.logprobs)} logprobs for {n_comp} tokens")
+            out.append(TokenSequence(
+                tokens=list(turn.prompt_tokens) + list(turn.completion_tokens),
+                mask=[0] * n_prompt + [1] * n_comp,
+                logprobs=[0.0] * n_prompt + list(turn.logprobs),
+                turn_index=i,
+            ))
+        return out

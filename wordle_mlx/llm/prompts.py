@@ -1,0 +1,171 @@
+"""Prompts shown to the model and the strict parser for its replies.
+
+The system prompt states the rules and the output format (`<think>reasoning</think>` then
+`<guess>word</guess>`). Each user message states the game in plain English: every earlier guess with
+its feedback, letters known in place, letters in the word but not at given positions, letters ruled
+out, and guesses left. Two settings (`PromptConfig`): whether the think block is required, and whether
+the prompt carries the whole conversation (`context="conversation"`) or a fresh state summary each
+turn (`context="summary"`). The parser never raises on model output; it returns the guess or the kind
+of error. This module renders text only; it does not tokenize (the rollout engine and the SFT data
+both go through the tokenizer's chat template). It does not import mlx, so data generation can use it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Collection, Literal, Sequence
+
+from pydantic import Field
+
+from ..config import StrictModel
+from ..game.knowledge import Knowledge
+
+Context = Literal["summary", "conversation"]
+
+# Kinds of reply errors. The first four are format errors; NOT_A_WORD is a well-formed but invalid guess.
+MISSING_THINK = "missing_think"
+MISSING_GUESS = "missing_guess"
+MULTIPLE_GUESSES = "multiple_guesses"
+NOT_FIVE_LETTERS = "not_five_letters"
+NOT_A_WORD = "not_a_word"
+FORMAT_ERRORS = (MISSING_THINK, MISSING_GUESS, MULTIPLE_GUESSES, NOT_FIVE_LETTERS)
+REPLY_ERRORS = FORMAT_ERRORS + (NOT_A_WORD,)
+
+_MARK_WORDS = {"G": "green", "Y": "yellow", "X": "grey"}
+
+
+class PromptConfig(StrictModel):
+    require_think: bool = Field(True, description="Reply must contain <think>...</think> before <guess>.")
+    context: Context = Field("summary", description="'summary': fresh state each turn; 'conversation': full chat.")
+
+
+def system_prompt(cfg: PromptConfig) -> str:
+    think = ("First think briefly inside <think> </think>, then give your guess inside <guess> </guess>."
+             if cfg.require_think else
+             "You may think briefly inside <think> </think>; then give your guess inside <guess> </guess>.")
+    return (
+        "You are playing Wordle. Find the secret 5-letter English word in at most 6 guesses.\n"
+        "After each guess you get feedback for each letter: green = right letter in the right spot; "
+        "yellow = the letter is in the word but in another spot; grey = the letter is not in the word "
+        "(or not as many times as you used it).\n"
+        "Every guess must be a real 5-letter English word. Use what the feedback tells you.\n"
+        f"{think}\n"
+        "Answer in exactly this format:\n<think>your reasoning</think>\n<guess>word</guess>"
+    )
+
+
+def describe_state(history: Sequence[tuple[str, str]], max_guesses: int = 6) -> str:
+    """The game so far in plain English (what a player sees, nothing more)."""
+    if not history:
+        return f"This is the start of the game: no guesses yet. You have {max_guesses} guesses.\nMake your first guess."
+    lines = ["Your guesses so far:"]
+    for i, (guess, pattern) in enumerate(history, start=1):
+        marks = " ".join(f"{c.upper()}={_MARK_WORDS[m]}" for c, m in zip(guess, pattern))
+        lines.append(f"{i}. {guess.upper()}: {marks}")
+    k = Knowledge.from_history(history)
+    greens = ", ".join(f"{letter.upper()} at {pos + 1}" for pos, letter in sorted(k.greens.items()))
+    misplaced = ", ".join(
+        f"{letter.upper()} (not at {' or '.join(str(p + 1) for p in positions)})" if positions else letter.upper()
+        for letter, positions in k.misplaced.items())
+    lines.append(f"Letters in the right spot: {greens or 'none yet'}.")
+    lines.append(f"Letters in the word but not in those spots: {misplaced or 'none yet'}.")
+    lines.append(f"Letters not in the word: {', '.join(c.upper() for c in k.absent) or 'none yet'}.")
+    left = max_guesses - len(history)
+    lines.append(f"You have {left} guess{'es' if left != 1 else ''} left. Make your next guess.")
+    return "\n".join(lines)
+
+
+@dataclass
+class TurnText:
+    """One earlier turn as the conversation context needs it."""
+    reply: str                   # the model's raw reply text
+    guess: str | None            # the parsed guess, if any
+    pattern: str | None          # feedback for it, if it was played
+    error: str | None = None     # reply error kind, if any
+
+
+def error_message(error: str, guess: str | None) -> str:
+    return {
+        MISSING_THINK: "Your reply had no <think> </think> block before the guess.",
+        MISSING_GUESS: "Your reply had no <guess> </guess> tag.",
+        MULTIPLE_GUESSES: "Your reply had more than one <guess> tag.",
+        NOT_FIVE_LETTERS: f"Your guess {guess!r} is not 5 letters a-z.",
+        NOT_A_WORD: f"{(guess or '').upper()} is not in the word list.",
+    }.get(error, "Your reply was not valid.")
+
+
+def build_messages(cfg: PromptConfig, history: Sequence[tuple[str, str]], turns: Sequence[TurnText] = (),
+                   max_guesses: int = 6, last_error: tuple[str, str | None] | None = None) -> list[dict]:
+    """Chat messages for the next model turn.
+
+    `history` is every (guess, pattern) on the board, seeded ones included. In conversation mode, `turns`
+    are this game's earlier model turns (their replies are replayed as assistant messages); seeded guesses
+    appear in the first user message. `last_error` (kind, guess) notes an invalid previous reply in
+    summary mode.
+    """
+    messages = [{"role": "system", "content": system_prompt(cfg)}]
+    if cfg.context == "summary" or not turns:
+        text = describe_state(history, max_guesses)
+        if last_error is not None:
+            text = f"{error_message(*last_error)} Try again.\n{text}"
+        messages.append({"role": "user", "content": text})
+        return messages
+    played = sum(1 for t in turns if t.pattern is not None)
+    seeded = list(history[: len(history) - played])
+    messages.append({"role": "user", "content": describe_state(seeded, max_guesses)})
+    board = list(seeded)
+    for turn in turns:
+        messages.append({"role": "assistant", "content": turn.reply})
+        if turn.pattern is not None:
+            board.append((turn.guess, turn.pattern))
+            text = describe_state(board, max_guesses)
+        else:
+            text = f"{error_message(turn.error, turn.guess)} Try again.\n{describe_state(board, max_guesses)}"
+        messages.append({"role": "user", "content": text})
+    return messages
+
+
+def format_reply(think: str | None, guess: str) -> str:
+    """The canonical reply text (used for SFT targets)."""
+    prefix = f"<think>{think}</think>\n" if think is not None else ""
+    return f"{prefix}<guess>{guess}</guess>"
+
+
+@dataclass
+class ParsedReply:
+    guess: str | None            # lower-case 5-letter guess when the reply is well-formed
+    error: str | None            # one of REPLY_ERRORS, or None
+    think: str | None = None
+
+    @property
+    def format_error(self) -> bool:
+        return self.error in FORMAT_ERRORS
+
+
+_GUESS_RE = re.compile(r"<guess>(.*?)</guess>", re.DOTALL | re.IGNORECASE)
+_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL | re.IGNORECASE)
+_WORD_RE = re.compile(r"^[a-z]{5}$")
+
+
+def parse_reply(text: str, require_think: bool, allowed: Collection[str] | None = None) -> ParsedReply:
+    """Classify a model reply. Never raises; the same text always gives the same result."""
+    if not isinstance(text, str):
+        return ParsedReply(None, MISSING_GUESS)
+    guesses = _GUESS_RE.findall(text)
+    opens = len(re.findall(r"<guess>", text, re.IGNORECASE))
+    if not guesses:
+        return ParsedReply(None, MISSING_GUESS)
+    if len(guesses) > 1 or opens > 1:
+        return ParsedReply(None, MULTIPLE_GUESSES)
+    guess_at = _GUESS_RE.search(text).start()
+    think_match = _THINK_RE.search(text)
+    think = think_match.group(1).strip() if think_match else None
+    if require_think and (think_match is None or think_match.end() > guess_at):
+        return ParsedReply(None, MISSING_THINK, think)
+    word = guesses[0].strip().lower()
+    if not _WORD_RE.match(word):
+        return ParsedReply(word[:40] or None, NOT_FIVE_LETTERS, think)
+    if allowed is not None and word not in allowed:
+        return ParsedReply(word, NOT_A_WORD, think)
+    return ParsedReply(word, None, think)

@@ -1,0 +1,103 @@
+"""Append-only JSONL metrics: one JSON object per line, written and read in a streaming way.
+
+Writers append a line and flush it (and fsync) so a killed run leaves at most one truncated last line.
+Readers yield `(line_number, record)`; a truncated last line (from a run still writing) is skipped with
+a warning, and any other malformed line raises a `UserError` naming the file and line number.
+
+Record kinds used across the project (field `kind`):
+- `run`: first line of a run: run name, config hash, the config, start time.
+- `train`: one GRPO step (rewards per component, rates, timings, `games` outcomes).
+- `valid`: a validation pass (win rate and every game's secret, guesses, won).
+- `sft`: one SFT step (loss, lr, tokens/s); `sft_valid`: validation loss / quick game eval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import UserError
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf become None so every line is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / mlx scalars
+        return _clean(value.item())
+    return value
+
+
+class MetricsWriter:
+    """Append records to a JSONL file, one flushed line each."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._fh.write(json.dumps(_clean(record), allow_nan=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_jsonl(path: str | Path, warn=None) -> Iterator[tuple[int, dict]]:
+    """Yield (line_number, record) for each line; see the module docstring for error handling."""
+    path = Path(path)
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected a JSONL file") from None
+    with fh:
+        pending: tuple[int, bytes] | None = None
+        for lineno, raw in enumerate(fh, start=1):
+            if pending is not None:
+                yield _parse(path, *pending, last=False)
+                pending = None
+            if not raw.strip():
+                continue
+            pending = (lineno, raw)
+        if pending is not None:
+            lineno, raw = pending
+            if not raw.endswith(b"\n"):
+                try:
+                    record = _parse(path, lineno, raw, last=False)
+                except UserError:
+                    warn(f"{path}:{lineno}: skipping truncated last line")
+                    return
+                yield record
+            else:
+                yield _parse(path, lineno, raw, last=True)
+
+
+def _parse(path: Path, lineno: int, raw: bytes, last: bool) -> tuple[int, dict]:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}:{lineno}: not UTF-8 text") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise UserError(f"{path}:{lineno}: invalid JSON: {getattr(exc, 'msg', 'too deeply nested')}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+    return lineno, record

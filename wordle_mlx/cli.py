@@ -66,6 +66,22 @@ def solve(word: Annotated[Optional[str], typer.Option("--word", help="Play one g
     emit(stage.run(cfg), json_output)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def plot(ctx: typer.Context,
+         file: Annotated[Optional[Path], typer.Option("--file", "-f", help="A run's metrics.jsonl.")] = None,
+         out: Annotated[Optional[Path], typer.Option(help="Output folder (default: plots/ beside the input).")] = None,
+         window: Annotated[int, typer.Option(help="Games in the rolling win-rate window.")] = 50,
+         with_baselines: Annotated[bool, typer.Option("--with-baselines", help="Add eval JSON baselines as series.")] = False,
+         json_output: JsonFlag = False) -> None:
+    """PNG charts of a run (--file), or compare runs / eval JSONs: --compare A B ... [--labels L1 L2 ...]."""
+    from .stages import plot as stage
+    lists = stage.parse_list_options(ctx.args)
+    cfg = load_config(None, stage.PlotConfig, {
+        "file": str(file) if file else None, "compare": lists["--compare"] or None, "labels": lists["--labels"] or None,
+        "out": str(out) if out else None, "window": window, "with_baselines": with_baselines, "json_output": json_output})
+    emit(stage.run(cfg), json_output)
+
+
 def main() -> None:
     reexec_with_openblas()
     try:

@@ -22,8 +22,13 @@ from .feedback import NUM_PATTERNS, encode_words, pattern_matrix
 from .words import lists_hash
 
 
-def entropies(matrix: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
-    """Entropy in bits of each row's pattern distribution over the selected columns (uniform prior)."""
+def entropies(matrix: np.ndarray, columns: np.ndarray | None = None, block: int = 512) -> np.ndarray:
+    """Entropy in bits of each row's pattern distribution over the selected columns (uniform prior).
+
+    Rows are processed in blocks: one giant bincount is ~10x slower than cache-sized ones.
+    """
+    if len(matrix) > block:
+        return np.concatenate([entropies(matrix[s:s + block], columns, block) for s in range(0, len(matrix), block)])
     sub = matrix if columns is None else matrix[:, columns]
     n_rows, n_cols = sub.shape
     if n_cols == 0:

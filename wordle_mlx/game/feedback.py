@@ -9,6 +9,8 @@ answer list as uint8. The matrix is built in chunks of guesses with numpy only.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -56,15 +58,35 @@ def encode_words(words: Sequence[str]) -> np.ndarray:
 
 
 def pattern_matrix(guesses: Sequence[str] | np.ndarray, answers: Sequence[str] | np.ndarray,
-                   chunk: int = 256, progress=None) -> np.ndarray:
+                   chunk: int = 64, progress=None, workers: int | None = None) -> np.ndarray:
     """uint8 matrix M[i, j] = pattern code of guesses[i] against answers[j].
 
-    `progress`, if given, is called with the number of guess rows finished after each chunk.
+    Rows are computed in chunks (small enough to stay in cache) on a thread pool of `workers`
+    (default: the CPU count; numpy releases the GIL). `progress`, if given, is called with the number
+    of guess rows finished after each block.
     """
     g = guesses if isinstance(guesses, np.ndarray) else encode_words(guesses)
     a = answers if isinstance(answers, np.ndarray) else encode_words(answers)
+    out = np.empty((len(g), len(a)), dtype=np.uint8)
+    workers = workers or os.cpu_count() or 1
+    block = 1024
+    if workers == 1 or len(g) <= block:
+        _fill_patterns(g, a, out, chunk, progress)
+        return out
+
+    def fill(start: int) -> int:
+        _fill_patterns(g[start:start + block], a, out[start:start + block], chunk, None)
+        return min(block, len(g) - start)
+
+    with ThreadPoolExecutor(workers) as pool:
+        for done in pool.map(fill, range(0, len(g), block)):
+            if progress is not None:
+                progress(done)
+    return out
+
+
+def _fill_patterns(g: np.ndarray, a: np.ndarray, out: np.ndarray, chunk: int, progress) -> None:
     n_g, n_a = len(g), len(a)
-    out = np.empty((n_g, n_a), dtype=np.uint8)
     a_idx = np.arange(n_a)
     for start in range(0, n_g, chunk):
         gc = g[start:start + chunk]
@@ -84,7 +106,6 @@ def pattern_matrix(guesses: Sequence[str] | np.ndarray, answers: Sequence[str] |
         out[start:start + c] = code
         if progress is not None:
             progress(c)
-    return out
 
 
 def pattern_row(guess: str, words: Sequence[str] | np.ndarray) -> np.ndarray:

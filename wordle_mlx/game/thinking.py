@@ -1,0 +1,93 @@
+"""The short, truthful reasoning text written into SFT targets (`<think>...</think>`), from the game state only.
+
+`think_text(history, candidates, guess, style)` describes the board and the teacher's choice. Every fact
+in it follows from the history: the candidate count and the candidates named are exactly the words
+still consistent with every (guess, pattern) so far (the caller passes that list; `check_candidates`
+verifies it), the greens/yellows/greys come from `Knowledge`, and "splits them into N groups" is the
+number of distinct feedback patterns the guess gives over the candidates. Styles:
+- `none`: no think block (None);
+- `brief`: one line, e.g. "12 words fit: BLAND, GLAND, PLANT and 9 more. Try PLANT.";
+- `full`: known letters, candidate count, a few candidates, and why the guess (it is a candidate, and/or
+  how finely it splits the candidates).
+Pure: numpy/stdlib only, no mlx.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+from .feedback import feedback
+from .knowledge import Knowledge, is_consistent
+
+ThinkStyle = Literal["none", "brief", "full"]
+THINK_STYLES = ("none", "brief", "full")
+
+
+def split_groups(guess: str, candidates: Sequence[str]) -> int:
+    """How many distinct feedback patterns `guess` gives over `candidates` (groups it splits them into)."""
+    return len({feedback(guess, c) for c in candidates})
+
+
+def named(candidates: Sequence[str], max_named: int) -> str:
+    """'BLAND, GLAND, PLANT and 9 more' (the first `max_named` candidates in the given order)."""
+    shown = ", ".join(w.upper() for w in candidates[:max_named])
+    rest = len(candidates) - min(len(candidates), max_named)
+    return f"{shown} and {rest} more" if rest else shown
+
+
+def _count(n: int) -> str:
+    return "1 word fits" if n == 1 else f"{n} words fit"
+
+
+def known_letters(history: Sequence[tuple[str, str]]) -> str:
+    """'Green: A at 2. Yellow: L (not 1). Grey: S, O.' from the feedback so far (empty parts left out)."""
+    k = Knowledge.from_history(history)
+    parts = []
+    if k.greens:
+        parts.append("Green: " + ", ".join(f"{l.upper()} at {p + 1}" for p, l in sorted(k.greens.items())) + ".")
+    if k.misplaced:
+        parts.append("Yellow: " + ", ".join(
+            f"{l.upper()} (not {'/'.join(str(p + 1) for p in pos)})" if pos else l.upper()
+            for l, pos in k.misplaced.items()) + ".")
+    if k.absent:
+        parts.append("Grey: " + ", ".join(c.upper() for c in k.absent) + ".")
+    return " ".join(parts)
+
+
+def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], guess: str, style: ThinkStyle,
+               max_named: int = 5) -> str | None:
+    """The reasoning for playing `guess` after `history`, given the still-consistent `candidates`."""
+    if style == "none":
+        return None
+    if style not in THINK_STYLES:
+        raise ValueError(f"unknown think style {style!r}; expected one of {', '.join(THINK_STYLES)}")
+    if not candidates:
+        raise ValueError("think_text needs at least one consistent candidate")
+    n = len(candidates)
+    is_candidate = guess in candidates
+    if not history:
+        if style == "brief":
+            return f"No clues yet. Try {guess.upper()}."
+        return f"No clues yet; {_count(n)}. {guess.upper()} splits them into {split_groups(guess, candidates)} groups."
+    if style == "brief":
+        if n == 1:
+            return f"Only {candidates[0].upper()} fits."
+        return f"{_count(n)}: {named(candidates, max_named)}. Try {guess.upper()}."
+    facts = known_letters(history)
+    prefix = f"{facts} " if facts else ""
+    if n == 1:
+        return f"{prefix}Only {candidates[0].upper()} fits."
+    groups = split_groups(guess, candidates)
+    if is_candidate:
+        why = f"{guess.upper()} fits and splits them into {groups} groups."
+    else:
+        why = f"{guess.upper()} does not fit, but splits them into {groups} groups."
+    return f"{prefix}{_count(n)}: {named(candidates, max_named)}. {why}"
+
+
+def check_candidates(history: Sequence[tuple[str, str]], candidates: Sequence[str], words: Sequence[str]) -> str | None:
+    """Why `candidates` is not exactly the consistent subset of `words` (None when it is)."""
+    expected = [w for w in words if is_consistent(w, history)]
+    if list(candidates) != expected:
+        return f"expected {len(expected)} consistent words, got {len(candidates)}"
+    return None

@@ -1,0 +1,222 @@
+"""Batched sampling of completions for many prompts at once, on top of mlx-lm's `BatchGenerator`.
+
+`BatchedGenerator(model, tokenizer)(prompts, cfg)` takes a list of prompt token-id lists and returns one
+`Completion` per prompt (token ids, the log-probability of each sampled token, decoded text, and finish
+reason). All prompts go into one `mlx_lm.generate.BatchGenerator`, which prefills them in batches of
+`prefill_batch_size` and decodes up to `completion_batch_size` sequences per forward step. A sequence
+stops on an end token (the tokenizer's EOS ids and `<end_of_turn>`; the end token is kept as the last
+completion token, as TRL does, so the policy learns to stop), as soon as its decoded text contains a stop
+text (`</guess>`: checked on the decoded text, because the Gemma vocabulary may split it into several
+tokens; the sequence is then removed from the batch at once), or after `max_tokens_per_turn` tokens
+(finish reason "length"). KV reuse: the longest token prefix shared by all prompts (at least the system
+prompt) is prefilled once at batch size 1 and its cache is shared read-only by every sequence, and a
+prompt that occurs several times (G samples of one state) is prefilled once for all its samples (they
+share that cache read-only too: mlx-lm copies caches when it merges them into a batch). Nothing is reused across calls or turns (each turn's prompt is a fresh chat-template rendering).
+Log-prob convention: see `policy_logprob_temperature`. Any callable with the `GenerateFn` signature can
+stand in for the model (tests use scripted ones).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from pydantic import Field
+
+from ..config import StrictModel
+
+STOP_TEXTS = ("</guess>",)
+MIN_SHARED_PREFIX = 8           # shorter common prefixes are not worth a separate forward pass
+
+
+class SamplingConfig(StrictModel):
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (argmax).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1 = off.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
+    min_p: float = Field(0.0, ge=0.0, lt=1.0, description="Min-p filter; 0 = off.")
+    max_tokens_per_turn: int = Field(256, ge=1, description="Completion length cap; hitting it is finish 'length'.")
+    prefill_batch_size: int = Field(8, ge=1, description="Prompts prefilled together.")
+    completion_batch_size: int = Field(32, ge=1, description="Sequences decoded together per forward step.")
+    prefill_step_size: int = Field(2048, ge=16, description="Prompt tokens per prefill forward pass.")
+    reuse_prefix: bool = Field(True, description="Prefill the shared prompt prefix once and share its KV cache.")
+    seed: int = Field(0, description="Seed of MLX's sampling RNG (set once per play_games/sample_replies call).")
+
+
+@dataclass
+class Completion:
+    tokens: list[int]            # sampled token ids, the end token included when the sequence ended on one
+    logprobs: list[float]        # one per token, see policy_logprob_temperature
+    text: str                    # decoded tokens, end tokens left out
+    finish_reason: str           # "stop" (end token or stop text) or "length"
+
+
+GenerateFn = Callable[[Sequence[Sequence[int]], SamplingConfig], list[Completion]]
+
+
+def policy_logprob_temperature(cfg: SamplingConfig) -> float:
+    """The temperature T of the recorded log-probs: log p(token) = log_softmax(logits / T)[token].
+
+    T is the sampling temperature, or 1 when sampling is greedy (temperature 0). Top-p/top-k/min-p
+    truncation is NOT applied (the TRL convention): the log-prob is that of the model policy at
+    temperature T, so the GRPO trainer recomputes new log-probs with `policy_logprobs(logits, tokens, T)`
+    and the ratio is exact when sampling used no truncation.
+    """
+    return float(cfg.temperature) if cfg.temperature > 0 else 1.0
+
+
+def policy_logprobs(logits, tokens, temperature: float):
+    """log_softmax(logits / temperature) at `tokens` (logits [..., V], tokens [...]) in float32."""
+    import mlx.core as mx
+
+    scaled = logits.astype(mx.float32) / temperature
+    logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+    return mx.take_along_axis(logp, mx.expand_dims(tokens, -1), axis=-1).squeeze(-1)
+
+
+def end_token_ids(tokenizer) -> set[int]:
+    """EOS ids of the tokenizer plus `<end_of_turn>` when the vocabulary has it."""
+    ids = set(int(t) for t in getattr(tokenizer, "eos_token_ids", None) or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    if "<end_of_turn>" in vocab:
+        ids.add(int(vocab["<end_of_turn>"]))
+    return ids
+
+
+def common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        t = first[i]
+        if any(s[i] != t for s in seqs):
+            return i
+    return n
+
+
+class BatchedGenerator:
+    """The MLX generation backend: `__call__(prompts, cfg) -> list[Completion]` (see module docstring)."""
+
+    def __init__(self, model, tokenizer, stop_texts: Sequence[str] = STOP_TEXTS):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.stop_texts = tuple(s.lower() for s in stop_texts)
+        self.end_ids = end_token_ids(tokenizer)
+        self._last_chars = {s[-1] for s in self.stop_texts}
+        self._piece_has_last: dict[int, bool] = {}
+        self.prefilled_tokens = 0      # prompt tokens actually run through the model (for benchmarks)
+
+    # -- KV reuse -------------------------------------------------------------------------------------
+    def _prefill(self, tokens: Sequence[int], cache, step: int) -> None:
+        import mlx.core as mx
+
+        for start in range(0, len(tokens), step):
+            self.model(mx.array(list(tokens[start:start + step]))[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        self.prefilled_tokens += len(tokens)
+
+    def _prompt_caches(self, prompts: list[list[int]], cfg: SamplingConfig):
+        """(inputs, caches): what each sequence still has to prefill, and its starting cache (or None)."""
+        if not cfg.reuse_prefix or len(prompts) < 2:
+            return prompts, None
+        from mlx_lm.models.cache import make_prompt_cache
+
+        distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+        counts = {p: 0 for p in distinct}
+        for p in prompts:
+            counts[tuple(p)] += 1
+        shared = min(common_prefix_length(distinct), min(len(p) for p in distinct) - 1)
+        if shared < MIN_SHARED_PREFIX and all(n == 1 for n in counts.values()):
+            return prompts, None
+        base = make_prompt_cache(self.model)
+        if shared > 0:
+            self._prefill(distinct[0][:shared], base, cfg.prefill_step_size)
+        own: dict[tuple, tuple[list[int], list]] = {}
+        for p in distinct:
+            if counts[p] > 1 and len(p) - 1 > shared:
+                cache = copy.deepcopy(base)
+                self._prefill(p[shared:-1], cache, cfg.prefill_step_size)
+                own[p] = ([p[-1]], cache)
+            else:
+                own[p] = (list(p[shared:]), base)
+        inputs, caches = [], []
+        for p in prompts:
+            rest, cache = own[tuple(p)]
+            inputs.append(rest)
+            caches.append(cache)          # merged into the batch cache by copying: read-only here
+        return inputs, caches
+
+    # -- stopping -------------------------------------------------------------------------------------
+    def _may_end_stop_text(self, token: int) -> bool:
+        hit = self._piece_has_last.get(token)
+        if hit is None:
+            piece = self.tokenizer.decode([token])
+            hit = any(ch in piece for ch in self._last_chars) or not piece.isprintable()
+            self._piece_has_last[token] = hit
+        return hit
+
+    def _text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t not in self.end_ids])
+
+    def _has_stop_text(self, tokens: list[int]) -> bool:
+        if not self.stop_texts or not self._may_end_stop_text(tokens[-1]):
+            return False
+        text = self._text(tokens).lower()
+        return any(s in text for s in self.stop_texts)
+
+    # -- generation -----------------------------------------------------------------------------------
+    def __call__(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) -> list[Completion]:
+        import mlx.core as mx
+        from mlx_lm.generate import BatchGenerator
+        from mlx_lm.sample_utils import make_sampler
+
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        self.model.eval()
+        sampler = make_sampler(cfg.temperature, top_p=cfg.top_p if cfg.top_p < 1.0 else 0.0,
+                               min_p=cfg.min_p, top_k=cfg.top_k)
+        temperature = policy_logprob_temperature(cfg)
+        inputs, caches = self._prompt_caches(prompts, cfg)
+        if caches is None:
+            self.prefilled_tokens += sum(len(p) for p in prompts)
+        else:
+            self.prefilled_tokens += sum(len(p) for p in inputs)
+        gen = BatchGenerator(self.model, max_tokens=cfg.max_tokens_per_turn,
+                             stop_tokens=[[t] for t in sorted(self.end_ids)], sampler=sampler,
+                             completion_batch_size=cfg.completion_batch_size,
+                             prefill_batch_size=cfg.prefill_batch_size, prefill_step_size=cfg.prefill_step_size)
+        try:
+            uids = gen.insert(inputs, caches=caches)
+            index = {uid: i for i, uid in enumerate(uids)}
+            tokens: list[list[int]] = [[] for _ in prompts]
+            logprobs: list[list[float]] = [[] for _ in prompts]
+            finish: list[str | None] = [None] * len(prompts)
+            while (responses := gen.next_generated()):
+                rows = mx.stack([r.logprobs for r in responses])
+                picked = mx.array([r.token for r in responses])
+                if temperature != 1.0:
+                    values = policy_logprobs(rows, picked, temperature).tolist()
+                else:   # BatchGenerator's rows are already log_softmax(logits)
+                    values = mx.take_along_axis(rows, picked[:, None], axis=-1)[:, 0].tolist()
+                done_early = []
+                for r, value in zip(responses, values):
+                    i = index[r.uid]
+                    tokens[i].append(int(r.token))
+                    logprobs[i].append(float(value))
+                    if r.finish_reason == "stop":
+                        finish[i] = "stop"
+                    elif self._has_stop_text(tokens[i]):
+                        finish[i] = "stop"
+                        if r.finish_reason is None:
+                            done_early.append(r.uid)
+                    elif r.finish_reason is not None:
+                        finish[i] = r.finish_reason
+                if done_early:
+                    gen.remove(done_early)
+        finally:
+            gen.close()
+        return [Completion(t, lp, self._text(t), f or "length") for t, lp, f in zip(tokens, logprobs, finish)]

@@ -1,0 +1,215 @@
+"""The GRPO objective: group-relative advantages, packed token batches and the clipped-ratio loss.
+
+`group_advantages` turns per-sample rewards and group ids into advantages, (r - mean) / (std + eps) or
+r - mean; a group whose rewards are all equal gets exactly 0 and is reported as skipped. `pack_batch`
+right-pads `TokenSequence`s into one input array and keeps, for the model tokens only (mask 1), the flat
+position, target id, rollout log-prob, advantage and a weight; the weights implement the averaging:
+`token` (every model token in the step counts the same, DAPO) or `sequence` (each reply's tokens are
+averaged, then replies are averaged, original GRPO). Because weights are normalised over the whole step,
+micro-batches simply add their gradients. `grpo_loss` is
+    sum_t w_t * -min(rho_t A_t, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A_t) + beta * KL_t,
+with rho_t = exp(new - old) against the rollout's own log-probs (same convention as generation.py:
+log_softmax(logits / T) at the sampled token, T = sampling temperature) and KL_t the k3 estimator
+exp(ref - new) - (ref - new) - 1 to the reference policy, which is the same model with its LoRA
+switched off (`lora_disabled`: scale 0, no second copy of the weights). Only model-token positions are
+projected to the vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Literal, Sequence
+
+import numpy as np
+
+from .episode import TokenSequence
+
+Averaging = Literal["token", "sequence"]
+ZERO_SPREAD = 1e-9
+
+
+def group_advantages(rewards: Sequence[float], groups: Sequence[int], scale: bool = True,
+                     eps: float = 1e-4) -> tuple[np.ndarray, int]:
+    """(advantage per sample, number of zero-variance groups) for rewards grouped by `groups`."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    groups = np.asarray(groups)
+    if rewards.shape != groups.shape:
+        raise ValueError(f"{len(rewards)} rewards for {len(groups)} group ids")
+    if not np.all(np.isfinite(rewards)):
+        raise ValueError(f"non-finite reward in {rewards.tolist()}")
+    out = np.zeros_like(rewards)
+    skipped = 0
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        r = rewards[idx]
+        if r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()):
+            skipped += 1
+            continue
+        centred = r - r.mean()
+        out[idx] = centred / (r.std() + eps) if scale else centred
+    return out, skipped
+
+
+@dataclass
+class PolicyBatch:
+    """Model tokens of a set of sequences, ready for one forward pass (numpy; converted per micro-batch)."""
+    inputs: np.ndarray          # (N, L) int32: tokens[:-1], right-padded
+    positions: np.ndarray       # (M,) flat index into (N * L) of the position predicting each model token
+    targets: np.ndarray         # (M,) the model token ids
+    old_logprobs: np.ndarray    # (M,) rollout log-probs
+    advantages: np.ndarray      # (M,) advantage of each token's sequence
+    weights: np.ndarray         # (M,) averaging weights; they sum to (this batch's share of) 1
+    sequence: np.ndarray        # (M,) index of the sequence each token belongs to
+
+    @property
+    def num_tokens(self) -> int:
+        return int(len(self.targets))
+
+
+def averaging_weights(lengths: Sequence[int], averaging: Averaging) -> list[np.ndarray]:
+    """Per-token weights for sequences of model-token counts `lengths`, normalised over all of them."""
+    lengths = [int(n) for n in lengths]
+    kept = [n for n in lengths if n > 0]
+    if averaging == "token":
+        total = sum(kept)
+        return [np.full(n, 1.0 / total if total else 0.0) for n in lengths]
+    if averaging == "sequence":
+        return [np.full(n, 1.0 / (n * len(kept)) if n else 0.0) for n in lengths]
+    raise ValueError(f"unknown averaging {averaging!r}; use 'token' or 'sequence'")
+
+
+def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence[float], weights: Sequence[np.ndarray],
+               pad_id: int = 0) -> PolicyBatch:
+    """Pad `sequences` into one batch; `advantages[i]` and `weights[i]` belong to sequence i."""
+    if not (len(sequences) == len(advantages) == len(weights)):
+        raise ValueError("pack_batch needs one advantage and one weight array per sequence")
+    width = max(len(s.tokens) for s in sequences) - 1
+    inputs = np.full((len(sequences), width), pad_id, dtype=np.int32)
+    pos, tgt, old, adv, wts, seq = [], [], [], [], [], []
+    for i, (s, a, w) in enumerate(zip(sequences, advantages, weights)):
+        if not (len(s.tokens) == len(s.mask) == len(s.logprobs)):
+            raise ValueError(f"sequence {i}: tokens, mask and logprobs differ in length")
+        toks = np.asarray(s.tokens, dtype=np.int32)
+        inputs[i, :len(toks) - 1] = toks[:-1]
+        model_at = np.flatnonzero(np.asarray(s.mask[1:]) == 1)      # input position t predicts token t + 1
+        if len(model_at) != len(w):
+            raise ValueError(f"sequence {i}: {len(model_at)} model tokens but {len(w)} weights")
+        pos.append(i * width + model_at)
+        tgt.append(toks[model_at + 1])
+        old.append(np.asarray(s.logprobs, dtype=np.float32)[model_at + 1])
+        adv.append(np.full(len(model_at), a, dtype=np.float32))
+        wts.append(np.asarray(w, dtype=np.float32))
+        seq.append(np.full(len(model_at), i, dtype=np.int32))
+    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
+    return PolicyBatch(inputs, cat(pos, np.int64), cat(tgt, np.int32), cat(old, np.float32), cat(adv, np.float32),
+                       cat(wts, np.float32), cat(seq, np.int32))
+
+
+def split_batch(sequences: Sequence[TokenSequence], max_tokens: int) -> list[list[int]]:
+    """Indices of sequences grouped into micro-batches of at most `max_tokens` padded tokens (>= 1 sequence)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))
+    out, cur, cur_max = [], [], 0
+    for i in order:
+        n = len(sequences[i].tokens)
+        if cur and max(cur_max, n) * (len(cur) + 1) > max_tokens:
+            out.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, n)
+    if cur:
+        out.append(cur)
+    return out
+
+
+# --- MLX part --------------------------------------------------------------------------------------
+def _text_model(model):
+    """The causal LM inside `model` (Gemma 3 multimodal checkpoints wrap it as `language_model`)."""
+    return getattr(model, "language_model", model)
+
+
+def selected_logprobs(model, inputs, positions, targets, temperature: float):
+    """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part)."""
+    import mlx.core as mx
+
+    try:
+        from .logits import selected_logits
+    except ImportError:
+        selected_logits = None
+    if selected_logits is not None:
+        logits = selected_logits(model, inputs, positions)
+    else:
+        lm = _text_model(model)
+        hidden = lm.model(inputs)
+        hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
+        logits = lm.model.embed_tokens.as_linear(hidden) if getattr(lm, "tie_word_embeddings", False) \
+            else lm.lm_head(hidden)
+    scaled = logits.astype(mx.float32) / temperature
+    logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+    return mx.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
+
+
+@contextlib.contextmanager
+def lora_disabled(model) -> Iterator[int]:
+    """Run the base model: every LoRA layer's scale is 0 inside the block (yields how many were switched off)."""
+    layers = [m for _, m in model.named_modules() if hasattr(m, "lora_a") and hasattr(m, "scale")]
+    saved = [m.scale for m in layers]
+    try:
+        for m in layers:
+            m.scale = 0.0
+        yield len(layers)
+    finally:
+        for m, s in zip(layers, saved):
+            m.scale = s
+
+
+@dataclass
+class LossSettings:
+    epsilon: float = 0.2
+    epsilon_high: float | None = None      # None: same as epsilon
+    beta: float = 0.0
+    temperature: float = 1.0               # the temperature of the rollout log-probs
+
+
+def batch_arrays(batch: PolicyBatch) -> dict:
+    import mlx.core as mx
+
+    return {"inputs": mx.array(batch.inputs), "positions": mx.array(batch.positions.astype(np.int32)),
+            "targets": mx.array(batch.targets), "old": mx.array(batch.old_logprobs),
+            "adv": mx.array(batch.advantages), "weights": mx.array(batch.weights)}
+
+
+def reference_logprobs(model, arrays: dict, temperature: float):
+    """Log-probs of the model tokens under the reference policy (LoRA off), without gradient."""
+    import mlx.core as mx
+
+    with lora_disabled(model) as n:
+        if n == 0:
+            raise ValueError("beta > 0 needs LoRA layers: the reference policy is the model with LoRA switched off")
+        ref = mx.stop_gradient(selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"],
+                                                 temperature))
+        mx.eval(ref)
+    return ref
+
+
+def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
+    """(loss, stats) for one micro-batch; stats are weighted sums (kl, clipped, ratio) to add across micro-batches."""
+    import mlx.core as mx
+
+    new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], settings.temperature)
+    w, adv = arrays["weights"], arrays["adv"]
+    ratio = mx.exp(new - arrays["old"])
+    high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
+    clipped = mx.clip(ratio, 1.0 - settings.epsilon, 1.0 + high)
+    per_token = -mx.minimum(ratio * adv, clipped * adv)
+    kl = mx.zeros_like(new)
+    if settings.beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs the reference log-probs")
+        diff = ref_logprobs - new
+        kl = mx.exp(diff) - diff - 1.0
+        per_token = per_token + settings.beta * kl
+    loss = (w * per_token).sum()
+    was_clipped = ((ratio < 1.0 - settings.epsilon) | (ratio > 1.0 + high)).astype(mx.float32)
+    stats = {"kl": (w * kl).sum(), "clip_fraction": (w * was_clipped).sum(), "ratio": (w * ratio).sum()}
+    return loss, stats

@@ -1,0 +1,197 @@
+"""Model specs -> local mlx-lm folders -> loaded (model, tokenizer) pairs.
+
+A model spec is one of: `builtin:tiny-random` (a tiny random Gemma 3 for tests), `builtin:gemma-3-270m`
+(Gemma 3 270M imported from the bundled GGUF), a `.gguf` file (imported once, cached by path, size and
+mtime), a local mlx-lm model folder, or a Hugging Face repo id such as `mlx-community/gemma-3-4b-it-bf16`
+(downloaded by mlx-lm). Built and imported folders live in the user cache (`fileio.cache_dir("models")`)
+and are built in a temporary sibling folder, then renamed into place, so a crash never leaves a
+half-written model. `load_model` loads with mlx-lm's own loader (and its LoRA adapter loader), and on CPU
+casts half-precision weights to float32, since bf16/fp16 matmuls are ~40x slower there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..errors import UserError
+from ..fileio import cache_dir
+
+BUILTIN_PREFIX = "builtin:"
+BUILTINS = ("tiny-random", "gemma-3-270m")
+DTYPES = ("float32", "bfloat16", "float16")
+TINY_FORMAT_VERSION = 1
+HF_REPO_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def metal_available() -> bool:
+    import mlx.core as mx
+
+    try:
+        return bool(mx.metal.is_available())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def default_dtype() -> str:
+    """bfloat16 where Metal is available, float32 on CPU."""
+    return "bfloat16" if metal_available() else "float32"
+
+
+def check_dtype(dtype: str | None) -> str:
+    dtype = dtype or default_dtype()
+    if dtype not in DTYPES:
+        raise UserError(f"dtype: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return dtype
+
+
+@contextlib.contextmanager
+def building_dir(target: Path) -> Iterator[Path]:
+    """Yield an empty temp folder beside `target`; on success rename it to `target`, else delete it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        for item in tmp.iterdir():
+            if item.is_file():
+                os.chmod(item, 0o666 & ~umask)
+        if target.exists():
+            # Someone else finished the same build first (or we replace an old output): swap it out.
+            old = target.with_name(f".{target.name}.old.{os.getpid()}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def cached_build(name: str, build: Callable[[Path], object]) -> Path:
+    """The cached model folder `name`, built with `build(folder)` the first time it is asked for."""
+    target = cache_dir("models") / name
+    if (target / "config.json").exists():
+        return target
+    with building_dir(target) as tmp:
+        build(tmp)
+    return target
+
+
+def tiny_random_dir(seed: int = 0) -> Path:
+    from .tiny_model import make_tiny_model_dir
+
+    return cached_build(f"tiny-random-v{TINY_FORMAT_VERSION}-seed{seed}", lambda d: make_tiny_model_dir(d, seed))
+
+
+def gemma_270m_dir(dtype: str | None = None) -> Path:
+    from .gguf_import import bundled_gemma_270m_gguf, import_gguf
+
+    dtype = check_dtype(dtype)
+    return cached_build(f"gemma-3-270m-{dtype}", lambda d: import_gguf(bundled_gemma_270m_gguf(), d, dtype=dtype))
+
+
+def gguf_cache_name(path: Path, dtype: str) -> str:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    return f"gguf-{path.stem}-{hashlib.sha256(key).hexdigest()[:12]}-{dtype}"
+
+
+def gguf_dir(path: Path, dtype: str | None = None) -> Path:
+    from .gguf_import import import_gguf
+
+    dtype = check_dtype(dtype)
+    return cached_build(gguf_cache_name(path, dtype), lambda d: import_gguf(path, d, dtype=dtype))
+
+
+def resolve_model(spec: str, dtype: str | None = None) -> Path | str:
+    """A local mlx-lm model folder for `spec`, or the Hugging Face repo id to let mlx-lm download."""
+    spec = str(spec).strip()
+    if dtype is not None:
+        check_dtype(dtype)
+    if not spec:
+        raise UserError("model: empty model spec")
+    if spec.startswith(BUILTIN_PREFIX):
+        name = spec[len(BUILTIN_PREFIX):]
+        if name == "tiny-random":
+            return tiny_random_dir()
+        if name == "gemma-3-270m":
+            return gemma_270m_dir(dtype)
+        raise UserError(f"model {spec!r}: unknown builtin model; known: "
+                        + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS))
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise UserError(f"model {spec!r}: GGUF file not found")
+        return gguf_dir(path, dtype)
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"model {spec!r}: not a model folder or a .gguf file")
+        if not (path / "config.json").is_file():
+            raise UserError(f"model {spec!r}: folder has no config.json, so it is not an MLX model folder")
+        if not any(path.glob("model*.safetensors")):
+            raise UserError(f"model {spec!r}: folder has no model*.safetensors weights")
+        return path
+    if HF_REPO_PATTERN.match(spec) and not spec.startswith((".", "/", "~")):
+        return spec
+    raise UserError(f"model {spec!r}: no such folder or file, and not a Hugging Face repo id (owner/name)")
+
+
+def describe_model_dir(path: Path) -> dict:
+    """Where a local model folder is and how big its files are."""
+    files = [p for p in Path(path).iterdir() if p.is_file()]
+    return {"path": str(path), "files": sorted(p.name for p in files),
+            "size_mb": round(sum(p.stat().st_size for p in files) / 1e6, 1)}
+
+
+def cast_model(model, dtype: str | None) -> None:
+    """Cast floating-point parameters: to `dtype` if given, else to float32 on CPU if they are half precision."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    if dtype is None:
+        if metal_available():
+            return
+        halves = {mx.bfloat16, mx.float16}
+        if not any(v.dtype in halves for _, v in tree_flatten(model.parameters())):
+            return
+        dtype = "float32"
+    model.set_dtype(getattr(mx, check_dtype(dtype)))
+    mx.eval(model.parameters())
+
+
+def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: str | None = None):
+    """Resolve `spec` and load `(model, tokenizer)` with mlx-lm, optionally with a LoRA adapter folder."""
+    import mlx_lm
+
+    location = resolve_model(spec, dtype)
+    if adapter_path is not None:
+        adapter = Path(adapter_path).expanduser()
+        for needed in ("adapter_config.json", "adapters.safetensors"):
+            if not (adapter / needed).is_file():
+                raise UserError(f"adapter {str(adapter_path)!r}: missing {needed}")
+    try:
+        model, tokenizer = mlx_lm.load(str(location))
+    except (OSError, ValueError) as exc:
+        where = "Hugging Face repo" if isinstance(location, str) else "model folder"
+        raise UserError(f"model {spec!r}: cannot load {where} {location}: {str(exc).splitlines()[0]}") from None
+    if adapter_path is not None:
+        from mlx_lm.tuner.utils import load_adapters
+
+        try:
+            model = load_adapters(model, str(adapter))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise UserError(f"adapter {str(adapter_path)!r} does not fit model {spec!r}: {detail}") from None
+        model.eval()
+    cast_model(model, dtype)
+    return model, tokenizer

@@ -1,0 +1,159 @@
+"""The multi-turn rollout engine: N Wordle games played by a model in lockstep, one batch per turn.
+
+`play_games(model, tokenizer, games, cfg, allowed_words)` starts every game from its seeded board
+(`GameSpec.seeded_guesses`, possibly empty). Each turn, the prompt of every unfinished game (the
+tokenizer's chat template over `prompts.build_messages`, generation prompt added) is sent in ONE call
+to the generation backend (`generation.BatchedGenerator`, i.e. one mlx-lm `BatchGenerator` run; see
+generation.py for stopping rules, KV-prefix reuse and the log-prob convention `policy_logprob_temperature`).
+Each reply is parsed (`prompts.parse_reply`) and recorded as an `episode.Turn`. A well-formed allowed
+word is played (repeats are played and flagged `repeated`); any other reply is invalid: it is counted,
+the next prompt says what was wrong, and with `invalid_costs_turn` it also uses up one of the six
+guesses (the board's `max_guesses` drops by one). A game ends on a win, when no guesses are left, or
+after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
+prompts in one batch (GRPO turn mode). The backend is a parameter (`generate_fn`), so tests can script
+replies. Rollouts never build a gradient graph (nothing here calls value_and_grad) and the model is put
+in eval mode. With temperature 0 the same inputs give the same games.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Sequence
+
+from pydantic import Field
+
+from ..game.knowledge import is_consistent
+from ..game.state import MAX_GUESSES, GameState
+from .episode import Episode, Turn
+from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfig, policy_logprob_temperature,
+                         policy_logprobs)
+from .prompts import PromptConfig, TurnText, build_messages, parse_reply
+
+__all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "prompt_token_ids",
+           "policy_logprob_temperature", "policy_logprobs", "Completion"]
+
+
+class RolloutConfig(SamplingConfig):
+    max_invalid_replies: int = Field(3, ge=1, description="A game ends after this many invalid replies.")
+    invalid_costs_turn: bool = Field(False, description="An invalid reply also uses up one of the guesses.")
+    max_guesses: int = Field(MAX_GUESSES, ge=1, le=MAX_GUESSES, description="Guesses per game.")
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+
+
+@dataclass
+class GameSpec:
+    secret: str
+    seeded_guesses: list[str] = field(default_factory=list)
+    group: int = 0
+
+
+@dataclass
+class _Game:
+    """A game in progress: its episode plus what the next prompt needs."""
+    episode: Episode
+    texts: list[TurnText] = field(default_factory=list)
+    last_error: tuple[str, str | None] | None = None
+    done: bool = False
+
+
+def prompt_token_ids(tokenizer, cfg: RolloutConfig, state: GameState, texts: Sequence[TurnText] = (),
+                     last_error: tuple[str, str | None] | None = None) -> list[int]:
+    """Token ids of the next prompt for this board (chat template, generation prompt added)."""
+    messages = build_messages(cfg.prompt, state.history(), texts, max_guesses=state.max_guesses,
+                              last_error=last_error)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return [int(t) for t in (ids if isinstance(ids, list) else ids.tolist())]
+
+
+def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: SamplingConfig) -> GenerateFn:
+    """The backend to use: `generate_fn` if given, else mlx-lm batching (RNG seeded with cfg.seed)."""
+    if generate_fn is not None:
+        return generate_fn
+    import mlx.core as mx
+
+    mx.random.seed(cfg.seed)
+    return BatchedGenerator(model, tokenizer)
+
+
+def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
+                   cfg: SamplingConfig, generate_fn: GenerateFn | None = None) -> list[list[Completion]]:
+    """`n_per_prompt` completions for each prompt, all sampled in one batch: result[i][j] is sample j of prompt i."""
+    if n_per_prompt < 1:
+        raise ValueError(f"n_per_prompt must be >= 1, got {n_per_prompt}")
+    generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
+    flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt)]
+    out = generate(flat, cfg)
+    return [out[i * n_per_prompt:(i + 1) * n_per_prompt] for i in range(len(prompts_token_ids))]
+
+
+def _start(spec: GameSpec, cfg: RolloutConfig) -> _Game:
+    state = GameState(secret=spec.secret, max_guesses=cfg.max_guesses)
+    for guess in spec.seeded_guesses:
+        state.play(guess)
+    if state.over:
+        raise ValueError(f"seeded guesses {spec.seeded_guesses} already end the game for {spec.secret!r}")
+    return _Game(Episode(secret=spec.secret, seeded=list(spec.seeded_guesses), state=state, group=spec.group))
+
+
+def _apply(game: _Game, prompt: list[int], reply: Completion, cfg: RolloutConfig, allowed: Collection[str]) -> None:
+    """Record one reply as a Turn, play it if valid, and decide whether the game is over."""
+    ep, state = game.episode, game.episode.state
+    parsed = parse_reply(reply.text, cfg.prompt.require_think, allowed)
+    turn = Turn(prompt_tokens=list(prompt), completion_tokens=list(reply.tokens), logprobs=list(reply.logprobs),
+                text=reply.text, guess=parsed.guess, error=parsed.error, finish_reason=reply.finish_reason)
+    if parsed.error is None:
+        history = state.history()
+        turn.repeated = parsed.guess in state.guesses
+        turn.consistent = is_consistent(parsed.guess, history)
+        turn.pattern = state.play(parsed.guess)
+        game.last_error = None
+    else:
+        ep.invalid_replies += 1
+        game.last_error = (parsed.error, parsed.guess)
+        if cfg.invalid_costs_turn:
+            state.max_guesses -= 1
+    ep.turns.append(turn)
+    game.texts.append(TurnText(reply=reply.text, guess=parsed.guess, pattern=turn.pattern, error=parsed.error))
+    game.done = state.won or len(state.guesses) >= state.max_guesses or ep.invalid_replies >= cfg.max_invalid_replies
+
+
+def play_games(model, tokenizer, games: Sequence[GameSpec], cfg: RolloutConfig, allowed_words: Collection[str],
+               progress: Callable[..., None] | None = None, generate_fn: GenerateFn | None = None,
+               deadline: float | None = None,
+               on_turn: Callable[[int, Episode, Turn], None] | None = None) -> list[Episode]:
+    """Play every game to the end, batching all unfinished games' turns; episodes come back in input order.
+
+    `allowed_words` decides which well-formed guesses are playable (a set is fastest). `progress(n, info=...)`
+    is called with the number of games that just finished. `deadline` (a time.monotonic() value) stops
+    before a turn that would start after it; the unfinished episodes are marked `timed_out`.
+    `on_turn(game_index, episode, turn)` is called after every recorded turn (live display).
+    """
+    allowed = allowed_words if isinstance(allowed_words, (set, frozenset)) else frozenset(allowed_words)
+    generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
+    if model is not None and hasattr(model, "eval"):
+        model.eval()
+    running = [_start(spec, cfg) for spec in games]
+    turn_no = 0
+    while True:
+        active = [g for g in running if not g.done]
+        active_index = [i for i, g in enumerate(running) if not g.done]
+        if not active:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            for g in active:
+                g.episode.timed_out = True
+            break
+        turn_no += 1
+        prompts = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.last_error) for g in active]
+        replies = generate(prompts, cfg)
+        if len(replies) != len(prompts):
+            raise RuntimeError(f"generation backend returned {len(replies)} replies for {len(prompts)} prompts")
+        for i, game, prompt, reply in zip(active_index, active, prompts, replies):
+            _apply(game, prompt, reply, cfg, allowed)
+            if on_turn is not None:
+                on_turn(i, game.episode, game.episode.turns[-1])
+        finished = sum(1 for g in active if g.done)
+        if progress is not None:
+            progress(finished, info=f"turn {turn_no}")
+    return [g.episode for g in running]

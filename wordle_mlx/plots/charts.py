@@ -1,0 +1,165 @@
+"""The single-run charts of `wordle-mlx plot --file metrics.jsonl`.
+
+Each function takes a `RunLog` and returns a finished `Figure`, or None when the run has no data for it
+(an SFT-only run has no rewards, a run without validation has no validation games, ...). `RUN_CHARTS`
+lists them with their file names in the order they are written.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .runlog import RunLog
+from .stats import HISTOGRAM_KEYS, cumulative_wins, histogram_percent, outcome_histogram, rolling_win_rate
+from .style import (band, color, finish, integer_x, legend, line, new_figure, no_data, percent_y,
+                    style_axes)
+
+BAND_LIMIT = 4  # std bands are drawn only when at most this many reward components share the axes
+
+
+def _game_sets(log: RunLog) -> list[tuple[str, list[int]]]:
+    sets = [("train", log.train_outcomes()), ("valid", log.valid_outcomes())]
+    return [(name, outcomes) for name, outcomes in sets if outcomes]
+
+
+def cumulative_wins_chart(log: RunLog, window: int) -> Figure | None:
+    sets = _game_sets(log)
+    if not sets:
+        return None
+    fig, (ax,) = new_figure()
+    for i, (name, outcomes) in enumerate(sets):
+        x, y = cumulative_wins(outcomes)
+        line(ax, x, y, f"{name}: {int(y[-1])} wins / {len(x)} games", color(i))
+    style_axes(ax, "Cumulative wins", "games played", "wins so far")
+    integer_x(ax)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    legend(ax)
+    return finish(fig, None, log.footnote())
+
+
+def win_rate_chart(log: RunLog, window: int) -> Figure | None:
+    sets = _game_sets(log)
+    if not sets:
+        return None
+    fig, (ax,) = new_figure()
+    for i, (name, outcomes) in enumerate(sets):
+        x, y = rolling_win_rate(outcomes, window)
+        line(ax, x, y, f"{name} ({len(x)} games)", color(i))
+    style_axes(ax, f"Rolling win rate (last {window} games)", "games played", "win rate")
+    integer_x(ax)
+    ax.set_ylim(-0.02, 1.02)
+    percent_y(ax)
+    legend(ax)
+    return finish(fig, None, log.footnote())
+
+
+def rewards_chart(log: RunLog, window: int) -> Figure | None:
+    components = log.reward_components()
+    total_steps, total = log.series("train", "reward_mean")
+    if not components and not total:
+        return None
+    fig, (ax,) = new_figure()
+    with_bands = len(components) <= BAND_LIMIT
+    for i, (name, (steps, means, stds)) in enumerate(components.items()):
+        line(ax, steps, means, name, color(i), smooth=True)
+        if with_bands and any(s is not None for s in stds):
+            m = np.asarray(means)
+            s = np.asarray([np.nan if v is None else v for v in stds])
+            band(ax, steps, m - s, m + s, color(i))
+    if total:
+        line(ax, total_steps, total, "total (reward_mean)", "black", smooth=True, linestyle="--", linewidth=1.3)
+    title = "Reward components (mean per step" + (", band = +-1 std)" if with_bands and components else ")")
+    style_axes(ax, title, "step", "reward")
+    integer_x(ax)
+    legend(ax, outside=True)
+    return finish(fig, None, log.footnote())
+
+
+def _panels(log: RunLog, panels: list[tuple[str, str, str, bool]], title: str) -> Figure | None:
+    data = [(log.series(kind, name), label, smooth) for kind, name, label, smooth in panels]
+    if not any(steps for (steps, _), _, _ in data):
+        return None
+    fig, axes = new_figure(2, 2)
+    for ax, ((steps, values), label, smooth), (kind, name, _, _) in zip(axes, data, panels):
+        if not steps:
+            no_data(ax, label)
+            continue
+        line(ax, steps, values, None, color(0), smooth=smooth, linewidth=1.3)
+        style_axes(ax, label, "step", name)
+        integer_x(ax)
+        positive = [v for v in values if v > 0]
+        if name == "grad_norm" and len(positive) == len(values) and max(values) / min(positive) > 50:
+            ax.set_yscale("log")
+        elif name == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    return finish(fig, title, log.footnote())
+
+
+def training_chart(log: RunLog, window: int) -> Figure | None:
+    return _panels(log, [("train", "loss", "loss", True), ("train", "kl", "KL to reference", True),
+                         ("train", "grad_norm", "gradient norm", True), ("train", "lr", "learning rate", False)],
+                   "GRPO optimisation")
+
+
+def sft_training_chart(log: RunLog, window: int) -> Figure | None:
+    return _panels(log, [("sft", "loss", "train loss", True), ("sft_valid", "val_loss", "validation loss", False),
+                         ("sft", "lr", "learning rate", False), ("sft", "tokens_per_second", "tokens / second", True)],
+                   "SFT optimisation")
+
+
+def guess_histogram_chart(log: RunLog, window: int) -> Figure | None:
+    sets = _game_sets(log)
+    if not sets:
+        return None
+    fig, (ax,) = new_figure()
+    x = np.arange(len(HISTOGRAM_KEYS))
+    width = 0.8 / len(sets)
+    for i, (name, outcomes) in enumerate(sets):
+        counts = outcome_histogram(outcomes)
+        pct = histogram_percent(counts)
+        offset = (i - (len(sets) - 1) / 2) * width
+        bars = ax.bar(x + offset, [pct[k] for k in HISTOGRAM_KEYS], width, color=color(i),
+                      label=f"{name} ({len(outcomes)} games)")
+        ax.bar_label(bars, labels=[str(counts[k]) for k in HISTOGRAM_KEYS], fontsize=7, padding=1)
+    ax.set_xticks(x, list(HISTOGRAM_KEYS))
+    style_axes(ax, "Guesses used (bars: % of games, labels: counts)", "guesses to win", "share of games")
+    percent_y(ax, 100.0)
+    ax.set_ylim(0, max(5.0, ax.get_ylim()[1] * 1.08))
+    legend(ax)
+    return finish(fig, None, log.footnote())
+
+
+def error_rates_chart(log: RunLog, window: int) -> Figure | None:
+    fig, (ax,) = new_figure()
+    drawn = 0
+    sources = [("train", "-", True), ("valid", "--", False), ("sft_valid", "--", False)]
+    fields = [("format_error_rate", "format errors"), ("invalid_rate", "invalid words"), ("repeat_rate", "repeats")]
+    for kind, style, smooth in sources:
+        for i, (name, label) in enumerate(fields):
+            steps, values = log.series(kind, name)
+            if steps:
+                line(ax, steps, values, f"{label} ({kind})", color(i), smooth=smooth, linestyle=style)
+                drawn += 1
+    if not drawn:
+        return None
+    style_axes(ax, "Format, invalid-word and repeat rates", "step", "rate")
+    integer_x(ax)
+    ax.set_ylim(bottom=-0.01)
+    percent_y(ax)
+    legend(ax, outside=True)
+    return finish(fig, None, log.footnote())
+
+
+RUN_CHARTS: list[tuple[str, Callable[[RunLog, int], Figure | None]]] = [
+    ("cumulative_wins.png", cumulative_wins_chart),
+    ("win_rate.png", win_rate_chart),
+    ("rewards.png", rewards_chart),
+    ("training.png", training_chart),
+    ("sft_training.png", sft_training_chart),
+    ("guess_histogram.png", guess_histogram_chart),
+    ("error_rates.png", error_rates_chart),
+]

@@ -1,0 +1,122 @@
+"""Pure arithmetic behind the charts: cumulative wins, rolling win rate, guess histograms, Wilson intervals.
+
+A game is reduced to one integer "outcome": the number of guesses (1-6) for a win, 0 for a loss. All
+functions take sequences of outcomes (or numbers) and return numpy arrays or plain values, so they are
+easy to check by hand; nothing here draws or reads files. `markdown_table` renders the headline rows of
+`plot --compare`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+HISTOGRAM_KEYS = ("1", "2", "3", "4", "5", "6", "lost")
+Z95 = 1.959963984540054
+
+
+def cumulative_wins(outcomes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """x = games played (1..N), y = wins so far after each game."""
+    won = np.asarray(outcomes, dtype=np.int64) > 0
+    return np.arange(1, len(won) + 1), np.cumsum(won)
+
+
+def rolling_win_rate(outcomes: Sequence[int], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """x = games played, y = win rate over the last `window` games (fewer at the start)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    won = (np.asarray(outcomes, dtype=np.int64) > 0).astype(np.float64)
+    n = len(won)
+    x = np.arange(1, n + 1)
+    csum = np.concatenate([[0.0], np.cumsum(won)])
+    start = np.maximum(0, x - window)
+    return x, (csum[x] - csum[start]) / (x - start)
+
+
+def outcome_histogram(outcomes: Sequence[int]) -> dict[str, int]:
+    """Counts of wins in 1..6 guesses and of losses, keyed like the eval JSON histogram."""
+    hist = {key: 0 for key in HISTOGRAM_KEYS}
+    for outcome in outcomes:
+        hist["lost" if outcome == 0 else str(outcome)] += 1
+    return hist
+
+
+def histogram_percent(hist: dict[str, int]) -> dict[str, float]:
+    total = sum(hist.get(k, 0) for k in HISTOGRAM_KEYS)
+    return {k: (100.0 * hist.get(k, 0) / total if total else 0.0) for k in HISTOGRAM_KEYS}
+
+
+def mean_guesses_on_wins(hist: dict[str, int]) -> float | None:
+    wins = sum(hist.get(str(k), 0) for k in range(1, 7))
+    if wins == 0:
+        return None
+    return sum(k * hist.get(str(k), 0) for k in range(1, 7)) / wins
+
+
+def wilson_interval(wins: int, games: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95% by default); (0, 1) when there are no games."""
+    if games <= 0:
+        return 0.0, 1.0
+    p = wins / games
+    denom = 1.0 + z * z / games
+    centre = (p + z * z / (2 * games)) / denom
+    half = z * math.sqrt(p * (1 - p) / games + z * z / (4 * games * games)) / denom
+    lo = 0.0 if wins <= 0 else max(0.0, centre - half)
+    hi = 1.0 if wins >= games else min(1.0, centre + half)
+    return lo, hi
+
+
+def weighted_mean(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
+    """Mean of the non-None values weighted by `weights`; None when nothing is left."""
+    pairs = [(v, w) for v, w in zip(values, weights) if v is not None and w > 0]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else None
+
+
+def moving_average(y: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over up to `window` points (NaN-free input), same length as `y`."""
+    y = np.asarray(y, dtype=np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(y)])
+    idx = np.arange(1, len(y) + 1)
+    start = np.maximum(0, idx - window)
+    return (csum[idx] - csum[start]) / (idx - start)
+
+
+def bucket_mean(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Downsample to at most `max_points` by averaging consecutive buckets (x and y alike)."""
+    n = len(x)
+    if n <= max_points:
+        return np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    edges = np.linspace(0, n, max_points + 1).astype(np.int64)
+    counts = np.diff(edges)
+    xs = np.add.reduceat(np.asarray(x, dtype=np.float64), edges[:-1]) / counts
+    ys = np.add.reduceat(np.asarray(y, dtype=np.float64), edges[:-1]) / counts
+    return xs, ys
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Headline numbers as a Markdown table; rate columns appear only when some row has them.
+
+    Each row: label, games, wins, mean_guesses (or None), and optionally format_error_rate,
+    invalid_rate, repeat_rate (None = not recorded).
+    """
+    rate_cols = [(key, title) for key, title in (("format_error_rate", "format errors"),
+                                                 ("invalid_rate", "invalid"), ("repeat_rate", "repeats"))
+                 if any(row.get(key) is not None for row in rows)]
+    header = ["run", "games", "wins", "win rate (95% CI)", "mean guesses (wins)"] + [t for _, t in rate_cols]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for row in rows:
+        games, wins = row["games"], row["wins"]
+        lo, hi = wilson_interval(wins, games)
+        rate = f"{100 * wins / games:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})" if games else "-"
+        mean = "-" if row.get("mean_guesses") is None else f"{row['mean_guesses']:.2f}"
+        cells = [str(row["label"]).replace("|", "/"), str(games), str(wins), rate, mean]
+        cells += [_pct(row.get(key)) for key, _ in rate_cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,283 @@
+"""`wordle-mlx data`: synthetic SFT and RL data from history-seeded boards and the solver as teacher.
+
+SFT mode writes mlx-lm chat JSONL (`train.jsonl`, `valid.jsonl`: `{"messages": [...], "meta": {...}}`;
+mlx-lm's ChatDataset reads only `messages`, so `mlx_lm.lora --data DIR` trains on these files as they
+are). The prompt is `prompts.build_messages` for a seeded board; the target is `format_reply(think,
+guess)` where the guess is the teacher's: the greedy-entropy choice, or the best-splitting candidate
+when at most `candidate_threshold` candidates remain; the think text comes from `game/thinking.py`.
+With `turns_per_game > 1` the teacher keeps playing from the seeded start and every turn is its own
+example. RL mode writes `rl_train.jsonl` / `rl_valid.jsonl` records `{"secret", "history", "mode"}` for
+GRPO. Secrets come from the fixed split (train for train, valid for valid; never test: asserted), every
+record is replayed through the engine before anything is written (`replay_problem`), and `stats.json`
+records counts, the history-length histogram, target length and the replay check. Output depends only
+on the config and the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from ..config import StrictModel, resolve_path
+from ..errors import UserError
+from ..fileio import write_json_atomic, write_text_atomic
+from ..game.entropy import entropies
+from ..game.feedback import feedback
+from ..game.knowledge import is_consistent
+from ..game.seeding import seed_history
+from ..game.solver import Solver
+from ..game.splits import split_answers
+from ..game.state import MAX_GUESSES
+from ..game.thinking import ThinkStyle, think_text
+from ..llm.prompts import PromptConfig, TurnText, build_messages, format_reply, parse_reply
+from ..metrics import read_jsonl
+from ..progress import console, progress_bar
+from .entropy import load_table
+
+
+class HistoryConfig(StrictModel):
+    k_weights: list[float] = Field([0.2, 0.2, 0.2, 0.2, 0.2], min_length=1, max_length=MAX_GUESSES,
+                                   description="P(k seeded guesses), k = 0, 1, ...")
+    solver_share: float = Field(0.5, ge=0, le=1, description="Share of seeded guesses that are the solver's.")
+    mistake_rate: float = Field(0.15, ge=0, le=1, description="P(one seeded guess after the first contradicts the clues).")
+
+    @model_validator(mode="after")
+    def _weights(self) -> "HistoryConfig":
+        if any(w < 0 for w in self.k_weights) or sum(self.k_weights) <= 0:
+            raise ValueError(f"k_weights must be non-negative with a positive sum, got {self.k_weights}")
+        return self
+
+
+def draw_history(secret: str, rng: random.Random, solver: Solver, cfg: HistoryConfig) -> tuple[list[str], str]:
+    """(seeded guesses, mode): k from `k_weights`, guesses from `seeding.seed_history`, and with probability
+    `mistake_rate` one guess after the first replaced by an allowed word that contradicts the clues before it.
+    Never contains the secret, so the board is never already won."""
+    k = rng.choices(range(len(cfg.k_weights)), weights=cfg.k_weights)[0]
+    guesses = seed_history(secret, rng, solver, max_seeded=k, min_seeded=k, solver_share=cfg.solver_share)
+    if len(guesses) < 2 or rng.random() >= cfg.mistake_rate:
+        return guesses, "seeded"
+    at = rng.randrange(1, len(guesses))
+    before = [(g, feedback(g, secret)) for g in guesses[:at]]
+    while True:
+        word = solver.table.guesses[rng.randrange(len(solver.table.guesses))]
+        if word != secret and word not in guesses and not is_consistent(word, before):
+            guesses[at] = word
+            return guesses, "mistake"
+
+
+class DataConfig(StrictModel):
+    mode: Literal["sft", "rl"] = "sft"
+    out: str = "data/sft"
+    seed: int = 0
+    train_examples: int = Field(2000, ge=1)
+    valid_examples: int = Field(200, ge=1)
+    think_style: ThinkStyle = "brief"
+    max_named: int = Field(5, ge=0, description="Candidates named in the think text.")
+    candidate_threshold: int = Field(3, ge=1, description="With at most this many candidates, play one of them.")
+    turns_per_game: int = Field(1, ge=1, le=MAX_GUESSES, description="Teacher turns per seeded start (SFT).")
+    history: HistoryConfig = HistoryConfig()
+    prompt: PromptConfig = PromptConfig()
+    answers_list: str = "answers"
+    allowed_list: str = "allowed"
+    tokenizer: str | None = Field(None, description="Model spec whose tokenizer counts target tokens.")
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _think_matches_prompt(self) -> "DataConfig":
+        if self.think_style == "none" and self.prompt.require_think:
+            raise ValueError("think_style 'none' needs prompt.require_think false (targets would lack <think>)")
+        return self
+
+
+def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) -> str:
+    """The solver's guess, or the best-splitting candidate (ties: alphabetical) when few candidates remain."""
+    if len(cols) <= candidate_threshold:
+        rows = solver.answer_row[cols]
+        bits = np.round(entropies(solver.table.matrix[rows], cols), 9)
+        return solver.table.answers[int(cols[int(np.argmax(bits))])]
+    return solver.table.guesses[solver.best_guess_row(cols)]
+
+
+def secret_stream(words: list[str], rng: random.Random):
+    """Secrets in shuffled passes over `words`, so every word is used about equally often."""
+    while True:
+        order = list(words)
+        rng.shuffle(order)
+        yield from order
+
+
+def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver) -> list[dict]:
+    """One seeded start for `secret`, then up to `turns_per_game` teacher turns, one example each."""
+    seeded, mode = draw_history(secret, rng, solver, cfg.history)
+    guesses = list(seeded)
+    turns: list[TurnText] = []
+    out = []
+    for _ in range(cfg.turns_per_game):
+        if len(guesses) >= MAX_GUESSES or (guesses and guesses[-1] == secret):
+            break
+        history = [(g, feedback(g, secret)) for g in guesses]
+        cols = solver.candidate_columns(history)
+        guess = teacher_guess(solver, cols, cfg.candidate_threshold)
+        cands = [solver.table.answers[c] for c in cols]
+        reply = format_reply(think_text(history, cands, guess, cfg.think_style, cfg.max_named), guess)
+        messages = build_messages(cfg.prompt, history, turns, MAX_GUESSES)
+        messages.append({"role": "assistant", "content": reply})
+        out.append({"messages": messages, "meta": {"secret": secret, "history": list(guesses),
+                                                   "seeded": len(seeded), "mode": mode, "target": guess}})
+        turns.append(TurnText(reply=reply, guess=guess, pattern=feedback(guess, secret)))
+        guesses.append(guess)
+    return out
+
+
+def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str, splits: dict[str, set[str]]) -> str | None:
+    """Why `record` does not replay through the engine (None when it does)."""
+    secret = record["secret"] if cfg.mode == "rl" else record["meta"]["secret"]
+    guesses = record["history"] if cfg.mode == "rl" else record["meta"]["history"]
+    if secret in splits["test"]:
+        return f"secret {secret!r} is a test word"
+    if secret not in splits[split]:
+        return f"secret {secret!r} is not in the {split} split"
+    if secret in guesses or len(guesses) >= MAX_GUESSES:
+        return "the seeded board is already over"
+    if any(g not in allowed for g in guesses):
+        return "history has a word that is not allowed"
+    if cfg.mode == "rl":
+        return None
+    history = [(g, feedback(g, secret)) for g in guesses]
+    messages = record["messages"]
+    seeded = record["meta"]["seeded"]
+    turns = []
+    for msg, g in zip([m for m in messages[:-1] if m["role"] == "assistant"], guesses[seeded:]):
+        parsed = parse_reply(msg["content"], cfg.prompt.require_think, allowed)
+        if parsed.guess != g:
+            return f"earlier reply plays {parsed.guess!r}, history says {g!r}"
+        turns.append(TurnText(reply=msg["content"], guess=g, pattern=feedback(g, secret)))
+    if build_messages(cfg.prompt, history, turns, MAX_GUESSES) != messages[:-1]:
+        return "prompt does not match the board replayed against the secret"
+    target = parse_reply(messages[-1]["content"], cfg.prompt.require_think, allowed)
+    if target.error is not None:
+        return f"target reply error {target.error}"
+    if target.guess != record["meta"]["target"] or target.guess in guesses:
+        return f"target guess {target.guess!r} is not the recorded new guess"
+    return None
+
+
+def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]]) -> list[dict]:
+    rng = random.Random(f"wordle-mlx-data|{cfg.seed}|{split}")
+    words = sorted(splits[split])
+    assert not set(words) & set(splits["test"]), "train/valid secrets overlap the test split"
+    secrets = secret_stream(words, rng)
+    records: list[dict] = []
+    with progress_bar(f"{cfg.mode} {split}", n, enabled=cfg.progress) as advance:
+        while len(records) < n:
+            secret = next(secrets)
+            if cfg.mode == "rl":
+                seeded, mode = draw_history(secret, rng, solver, cfg.history)
+                new = [{"secret": secret, "history": seeded, "mode": mode}]
+            else:
+                new = sft_examples(secret, cfg, rng, solver)[: n - len(records)]
+            records.extend(new)
+            advance(len(new))
+    return records
+
+
+def target_token_counts(records: list[dict], cfg: DataConfig) -> tuple[list[int], str]:
+    """Assistant-target lengths in tokens (real with a tokenizer, else characters/4) and how they were counted."""
+    if cfg.tokenizer is None:
+        return [max(1, round(len(r["messages"][-1]["content"]) / 4)) for r in records], "chars/4"
+    from mlx_lm.utils import load_tokenizer
+
+    from ..llm.models import resolve_model
+    tok = load_tokenizer(resolve_model(cfg.tokenizer))
+    counts = []
+    for r in records:
+        full = tok.apply_chat_template(r["messages"], return_dict=False)
+        prompt = tok.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, return_dict=False)
+        counts.append(len(full) - len(prompt))
+    return counts, f"tokenizer {cfg.tokenizer}"
+
+
+def split_stats(records: list[dict], cfg: DataConfig) -> dict:
+    if cfg.mode == "rl":
+        lengths = [len(r["history"]) for r in records]
+        modes = Counter(r["mode"] for r in records)
+        secrets = {r["secret"] for r in records}
+    else:
+        lengths = [len(r["meta"]["history"]) for r in records]
+        modes = Counter(r["meta"]["mode"] for r in records)
+        secrets = {r["meta"]["secret"] for r in records}
+    hist = Counter(lengths)
+    stats = {"examples": len(records), "distinct_secrets": len(secrets),
+             "history_length_histogram": {str(k): hist.get(k, 0) for k in range(max(lengths) + 1)},
+             "modes": dict(sorted(modes.items()))}
+    if cfg.mode == "sft":
+        counts, how = target_token_counts(records, cfg)
+        stats["mean_target_tokens"] = round(float(np.mean(counts)), 2)
+        stats["target_tokens_counted_by"] = how
+        stats["distinct_prompts"] = len({json.dumps(r["messages"][:-1]) for r in records})
+    return stats
+
+
+def run(cfg: DataConfig) -> dict:
+    out = resolve_path(cfg, cfg.out)
+    table = load_table(cfg.answers_list, cfg.allowed_list, show_progress=cfg.progress)
+    solver = Solver(table)
+    splits = split_answers(table.answers)
+    split_sets = {name: set(words) for name, words in splits.items()}
+    allowed = set(table.guesses)
+    sizes = {"train": cfg.train_examples, "valid": cfg.valid_examples}
+    data = {split: make_split(split, n, cfg, solver, splits) for split, n in sizes.items()}
+
+    problems = []
+    for split, records in data.items():
+        for i, record in enumerate(records, start=1):
+            problem = replay_problem(record, cfg, allowed, split, split_sets)
+            if problem:
+                problems.append(f"{split} record {i}: {problem}")
+    if problems:  # a bug in generation, not bad input: never write such data
+        raise AssertionError(f"{len(problems)} records failed the replay check; first: {problems[0]}")
+
+    prefix = "rl_" if cfg.mode == "rl" else ""
+    for split, records in data.items():
+        write_text_atomic(out / f"{prefix}{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    stats = {"mode": cfg.mode, "seed": cfg.seed, "think_style": cfg.think_style if cfg.mode == "sft" else None,
+             "prompt": cfg.prompt.model_dump(), "history": cfg.history.model_dump(),
+             "split_sizes": {name: len(words) for name, words in splits.items()},
+             "replay_check": {"records": sum(len(r) for r in data.values()), "passed": sum(len(r) for r in data.values())},
+             **{split: split_stats(records, cfg) for split, records in data.items()}}
+    write_json_atomic(out / ("rl_stats.json" if cfg.mode == "rl" else "stats.json"), stats)
+    if cfg.progress:
+        console.print(f"wrote {sizes['train']} train + {sizes['valid']} valid {cfg.mode} records to {out}")
+    return {"out": str(out), **stats}
+
+
+# ----- reading SFT data back (used by `wordle-mlx sft`) -----
+
+ROLES = ("system", "user", "assistant")
+
+
+def read_sft_jsonl(path: str | Path) -> list[dict]:
+    """Chat records from an SFT JSONL file; a record with a wrong schema is a UserError naming its line."""
+    path = Path(path)
+    records = []
+    for lineno, record in read_jsonl(path):
+        messages = record.get("messages")
+        where = f"{path}:{lineno}"
+        if not isinstance(messages, list) or not messages:
+            raise UserError(f"{where}: expected a non-empty 'messages' list, got {json.dumps(messages)[:60]}")
+        for j, msg in enumerate(messages):
+            if not isinstance(msg, dict) or msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
+                raise UserError(f"{where}: messages[{j}] must be {{'role': system|user|assistant, 'content': str}}, "
+                                f"got {json.dumps(msg)[:60]}")
+        if messages[-1]["role"] != "assistant":
+            raise UserError(f"{where}: the last message must be the assistant target, got role {messages[-1]['role']!r}")
+        records.append(record)
+    if not records:
+        raise UserError(f"{path}: no records")
+    return records

@@ -1,0 +1,126 @@
+"""`wordle-mlx plot`: PNG charts of one run's metrics.jsonl, or a comparison of runs and eval results.
+
+`--file logs/<run>/metrics.jsonl` writes the single-run charts (cumulative wins, rolling win rate,
+reward components, optimiser panels, guess histogram, error rates; charts without data are skipped)
+into `--out` (default `plots/` beside the file). `--compare A B ...` takes run metrics files (their
+validation games, else their train games) and eval JSON files (their `game_records`, plus
+`baselines` with `--with-baselines`), and writes cumulative wins, a percentage win-distribution chart
+and `compare.md`, a Markdown table of headline numbers with Wilson 95% intervals. Every input is read
+and checked before any figure is drawn, and figures are drawn before any is written, so bad input
+never leaves PNGs behind. Paths are printed one per line (or as JSON with `--json`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from ..config import StrictModel, resolve_path
+from ..errors import UserError
+from ..fileio import write_text_atomic
+from ..progress import console
+from ..plots.charts import RUN_CHARTS
+from ..plots.compare import compare_cumulative_chart, compare_distribution_chart
+from ..plots.runlog import Series, load_run, load_series
+from ..plots.stats import markdown_table, wilson_interval
+from ..plots.style import save_png
+
+LIST_OPTIONS = ("--compare", "--labels")
+
+
+class PlotConfig(StrictModel):
+    file: str | None = None
+    compare: list[str] = Field(default_factory=list)
+    labels: list[str] = Field(default_factory=list)
+    out: str | None = None
+    window: int = Field(default=50, ge=1)
+    with_baselines: bool = False
+    json_output: bool = False
+
+
+def parse_list_options(args: list[str], names: tuple[str, ...] = LIST_OPTIONS) -> dict[str, list[str]]:
+    """Split `--compare A B --labels X Y` (or `--compare=A`) from leftover command-line words."""
+    values: dict[str, list[str]] = {name: [] for name in names}
+    current: str | None = None
+    for word in args:
+        name, eq, value = word.partition("=")
+        if name in names:
+            current = name
+            if eq:
+                values[name].append(value)
+        elif word.startswith("-") and len(word) > 1 and not word[1:2].isdigit():
+            raise UserError(f"plot: unknown option {word!r} (see wordle-mlx plot --help)")
+        elif current is None:
+            raise UserError(f"plot: unexpected argument {word!r}; use --file FILE or --compare A B ...")
+        else:
+            values[current].append(word)
+    return values
+
+
+def run(cfg: PlotConfig) -> dict:
+    if cfg.file and cfg.compare:
+        raise UserError("plot: give either --file or --compare, not both")
+    if cfg.file:
+        if cfg.labels:
+            raise UserError("plot: --labels goes with --compare")
+        return plot_run(cfg)
+    if cfg.compare:
+        return plot_compare(cfg)
+    raise UserError("plot: give --file logs/<run>/metrics.jsonl or --compare A B ...")
+
+
+def plot_run(cfg: PlotConfig) -> dict:
+    path = resolve_path(cfg, cfg.file)
+    log = load_run(path)
+    out = resolve_path(cfg, cfg.out) if cfg.out else path.parent / "plots"
+    drawn = [(name, chart(log, cfg.window)) for name, chart in RUN_CHARTS]
+    files = [str(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
+    skipped = [name for name, fig in drawn if fig is None]
+    if not cfg.json_output:
+        if skipped:
+            console.print(f"[dim]no data for: {', '.join(skipped)}[/dim]")
+        print("\n".join(files))
+    return {"files": files, "skipped": skipped}
+
+
+def _unique_series(series: list[Series]) -> list[Series]:
+    """Drop repeated identical series (the same baseline in several eval files); make labels unique."""
+    seen: set = set()
+    kept: list[Series] = []
+    for s in series:
+        key = (s.label, tuple(sorted(s.histogram.items())), tuple(s.outcomes or ()))
+        if key not in seen:
+            seen.add(key)
+            kept.append(s)
+    counts: dict[str, int] = {}
+    for s in kept:
+        counts[s.label] = counts.get(s.label, 0) + 1
+        if counts[s.label] > 1:
+            s.label = f"{s.label} ({counts[s.label]})"
+    return kept
+
+
+def plot_compare(cfg: PlotConfig) -> dict:
+    if cfg.labels and len(cfg.labels) != len(cfg.compare):
+        raise UserError(f"plot: {len(cfg.labels)} --labels for {len(cfg.compare)} --compare inputs; "
+                        "give one label per input")
+    paths = [resolve_path(cfg, p) for p in cfg.compare]
+    labels = cfg.labels or [None] * len(paths)
+    series = _unique_series([s for path, label in zip(paths, labels)
+                             for s in load_series(path, label, cfg.with_baselines)])
+    rows = [s.row() for s in series]
+    for row in rows:
+        row["win_rate"] = row["wins"] / row["games"]
+        row["win_rate_ci95"] = list(wilson_interval(row["wins"], row["games"]))
+    table = markdown_table(rows)
+    out = resolve_path(cfg, cfg.out) if cfg.out else paths[0].parent / "plots"
+    drawn = [("compare_cumulative_wins.png", compare_cumulative_chart(series)),
+             ("compare_win_distribution.png", compare_distribution_chart(series))]
+    files = [str(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
+    write_text_atomic(out / "compare.md", table)
+    files.append(str(out / "compare.md"))
+    if not cfg.json_output:
+        print(table)
+        print("\n".join(files))
+    return {"files": files, "skipped": [name for name, fig in drawn if fig is None], "rows": rows, "table": table}

@@ -58,9 +58,11 @@ def describe_blas() -> str:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return "unknown"
-    libs = {line.split()[-1] for line in maps.splitlines() if "blas" in line}
-    if any("openblas" in lib for lib in libs):
-        return "openblas (preloaded)"
-    if any("mlx_cpu.libs" in lib for lib in libs):
-        return "reference (bundled with mlx wheel)"
+    # numpy bundles its own OpenBLAS (numpy.libs/...scipy_openblas...); only a system one serves MLX
+    libs = {line.split()[-1] for line in maps.splitlines() if "blas" in line and ".libs/" not in line}
+    preload = os.environ.get("LD_PRELOAD", "")
+    if any("openblas" in lib for lib in libs) and "openblas" in preload:
+        return f"openblas (preloaded: {preload.split(':')[0]})"
+    if "mlx_cpu.libs" in maps:
+        return "reference (bundled with the mlx[cpu] wheel)"
     return ", ".join(sorted(libs)) or "not loaded yet"

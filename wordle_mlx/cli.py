@@ -82,6 +82,50 @@ def plot(ctx: typer.Context,
     emit(stage.run(cfg), json_output)
 
 
+ModelOpt = Annotated[str, typer.Option("--model", help="Model spec: builtin:gemma-3-270m, builtin:tiny-random, HF id or folder.")]
+AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder.")]
+
+
+@app.command(name="eval")
+def eval_command(config: ConfigOpt = None,
+                 model: Annotated[Optional[str], typer.Option("--model", help="Model spec (default builtin:gemma-3-270m).")] = None,
+                 adapter: AdapterOpt = None,
+                 games: Annotated[Optional[int], typer.Option("--games", help="Play the first N words of the split.")] = None,
+                 split: Annotated[Optional[str], typer.Option("--split", help="test, valid or train.")] = None,
+                 history: Annotated[Optional[str], typer.Option("--history", help="none or seeded.")] = None,
+                 temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy.")] = None,
+                 seed: Annotated[Optional[int], typer.Option("--seed")] = None,
+                 max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply.")] = None,
+                 out: Annotated[Optional[Path], typer.Option("--out", help="Write the eval JSON here.")] = None,
+                 no_baselines: Annotated[bool, typer.Option("--no-baselines", help="Skip solver/base-model baselines.")] = False,
+                 timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds for the whole eval.")] = None,
+                 json_output: JsonFlag = False) -> None:
+    """Play held-out words with a model; win rate, errors and throughput vs the solver (and base model)."""
+    from .stages import evaluate as stage
+    cfg = load_config(config, stage.EvalConfig, {
+        "model": model, "adapter": adapter, "games": games, "split": split, "history": history, "seed": seed,
+        "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
+        "out": str(out) if out else None, "baselines": False if no_baselines else None, "timeout": timeout,
+        "json_output": json_output})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
+def play(model: ModelOpt = "builtin:gemma-3-270m", adapter: AdapterOpt = None,
+         secret: Annotated[Optional[str], typer.Option("--secret", help="The secret word (default: a test word).")] = None,
+         seed: Annotated[int, typer.Option("--seed", help="Picks the test word when --secret is not given.")] = 0,
+         human: Annotated[bool, typer.Option("--human", help="You play; type ? for model and solver hints.")] = False,
+         temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
+         max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max tokens per reply.")] = 256,
+         json_output: JsonFlag = False) -> None:
+    """Watch a model play one game (reasoning and tiles), or play yourself with --human."""
+    from .stages import play as stage
+    cfg = load_config(None, stage.PlayConfig, {
+        "model": model, "adapter": adapter, "secret": secret, "seed": seed, "human": human,
+        "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens})
+    emit(stage.run(cfg), json_output)
+
+
 def main() -> None:
     reexec_with_openblas()
     try:

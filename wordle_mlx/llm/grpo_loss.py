@@ -123,28 +123,13 @@ def split_batch(sequences: Sequence[TokenSequence], max_tokens: int) -> list[lis
 
 
 # --- MLX part --------------------------------------------------------------------------------------
-def _text_model(model):
-    """The causal LM inside `model` (Gemma 3 multimodal checkpoints wrap it as `language_model`)."""
-    return getattr(model, "language_model", model)
-
-
 def selected_logprobs(model, inputs, positions, targets, temperature: float):
     """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part)."""
     import mlx.core as mx
 
-    try:
-        from .logits import selected_logits
-    except ImportError:
-        selected_logits = None
-    if selected_logits is not None:
-        logits = selected_logits(model, inputs, positions)
-    else:
-        lm = _text_model(model)
-        hidden = lm.model(inputs)
-        hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
-        logits = lm.model.embed_tokens.as_linear(hidden) if getattr(lm, "tie_word_embeddings", False) \
-            else lm.lm_head(hidden)
-    scaled = logits.astype(mx.float32) / temperature
+    from .logits import selected_logits
+
+    scaled = selected_logits(model, inputs, positions).astype(mx.float32) / temperature
     logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
     return mx.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
 

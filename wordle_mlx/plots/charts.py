@@ -11,10 +11,11 @@ from typing import Callable
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from .runlog import RunLog
 from .stats import HISTOGRAM_KEYS, cumulative_wins, histogram_percent, outcome_histogram, rolling_win_rate
-from .style import (band, color, finish, integer_x, legend, line, new_figure, no_data, percent_y,
+from .style import (SMOOTH_FROM, band, color, finish, integer_x, legend, line, new_figure, no_data, percent_y,
                     style_axes)
 
 BAND_LIMIT = 4  # std bands are drawn only when at most this many reward components share the axes
@@ -25,36 +26,44 @@ def _game_sets(log: RunLog) -> list[tuple[str, list[int]]]:
     return [(name, outcomes) for name, outcomes in sets if outcomes]
 
 
-def cumulative_wins_chart(log: RunLog, window: int) -> Figure | None:
+def _per_game_chart(log: RunLog, title: str, ylabel: str, curve) -> tuple[Figure, list] | None:
+    """Train and validation games side by side (their counts differ by orders of magnitude)."""
     sets = _game_sets(log)
     if not sets:
         return None
-    fig, (ax,) = new_figure()
-    for i, (name, outcomes) in enumerate(sets):
+    fig, axes = new_figure(1, len(sets))
+    for i, (ax, (name, outcomes)) in enumerate(zip(axes, sets)):
+        x, y, label = curve(outcomes)
+        line(ax, x, y, f"{name}: {label}", color(i))
+        style_axes(ax, f"{name} games", f"{name} games played", ylabel)
+        integer_x(ax)
+        legend(ax)
+    return finish(fig, title, log.footnote()), axes
+
+
+def cumulative_wins_chart(log: RunLog, window: int) -> Figure | None:
+    def curve(outcomes):
         x, y = cumulative_wins(outcomes)
-        line(ax, x, y, f"{name}: {int(y[-1])} wins / {len(x)} games", color(i))
-    style_axes(ax, "Cumulative wins", "games played", "wins so far")
-    integer_x(ax)
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    legend(ax)
-    return finish(fig, None, log.footnote())
+        return np.r_[0, x], np.r_[0, y], f"{int(y[-1])} wins / {len(x)} games"
+    drawn = _per_game_chart(log, "Cumulative wins", "wins so far", curve)
+    if drawn is None:
+        return None
+    for ax in drawn[1]:
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+    return drawn[0]
 
 
 def win_rate_chart(log: RunLog, window: int) -> Figure | None:
-    sets = _game_sets(log)
-    if not sets:
-        return None
-    fig, (ax,) = new_figure()
-    for i, (name, outcomes) in enumerate(sets):
+    def curve(outcomes):
         x, y = rolling_win_rate(outcomes, window)
-        line(ax, x, y, f"{name} ({len(x)} games)", color(i))
-    style_axes(ax, f"Rolling win rate (last {window} games)", "games played", "win rate")
-    integer_x(ax)
-    ax.set_ylim(-0.02, 1.02)
-    percent_y(ax)
-    legend(ax)
-    return finish(fig, None, log.footnote())
+        return x, y, f"{len(x)} games, last {min(window, len(x))}: {100 * y[-1]:.0f}%"
+    drawn = _per_game_chart(log, f"Rolling win rate (last {window} games)", "win rate", curve)
+    if drawn is None:
+        return None
+    for ax in drawn[1]:
+        ax.set_ylim(-0.02, 1.02)
+        percent_y(ax)
+    return drawn[0]
 
 
 def rewards_chart(log: RunLog, window: int) -> Figure | None:
@@ -65,14 +74,17 @@ def rewards_chart(log: RunLog, window: int) -> Figure | None:
     fig, (ax,) = new_figure()
     with_bands = len(components) <= BAND_LIMIT
     for i, (name, (steps, means, stds)) in enumerate(components.items()):
-        line(ax, steps, means, name, color(i), smooth=True)
+        line(ax, steps, means, name, color(i), smooth=True, raw=with_bands)
         if with_bands and any(s is not None for s in stds):
             m = np.asarray(means)
             s = np.asarray([np.nan if v is None else v for v in stds])
             band(ax, steps, m - s, m + s, color(i))
     if total:
-        line(ax, total_steps, total, "total (reward_mean)", "black", smooth=True, linestyle="--", linewidth=1.3)
-    title = "Reward components (mean per step" + (", band = +-1 std)" if with_bands and components else ")")
+        line(ax, total_steps, total, "total (reward_mean)", "black", smooth=True, linestyle="--", linewidth=1.3,
+             raw=with_bands)
+    smoothed = len(total_steps) > SMOOTH_FROM or any(len(c[0]) > SMOOTH_FROM for c in components.values())
+    notes = (["moving average"] if smoothed else []) + (["band = +-1 std"] if with_bands and components else [])
+    title = "Reward components (mean per step" + "".join(f"; {n}" for n in notes) + ")"
     style_axes(ax, title, "step", "reward")
     integer_x(ax)
     legend(ax, outside=True)
@@ -91,11 +103,10 @@ def _panels(log: RunLog, panels: list[tuple[str, str, str, bool]], title: str) -
         line(ax, steps, values, None, color(0), smooth=smooth, linewidth=1.3)
         style_axes(ax, label, "step", name)
         integer_x(ax)
-        positive = [v for v in values if v > 0]
-        if name == "grad_norm" and len(positive) == len(values) and max(values) / min(positive) > 50:
-            ax.set_yscale("log")
+        if name == "grad_norm" and min(values) > 0 and max(values) > 20 * float(np.median(values)):
+            ax.set_yscale("log")  # a few huge spikes would flatten everything else
         elif name == "lr":
-            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2e}" if v else "0"))
     return finish(fig, title, log.footnote())
 
 

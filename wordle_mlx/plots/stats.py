@@ -75,13 +75,16 @@ def weighted_mean(values: Sequence[float | None], weights: Sequence[float]) -> f
     return sum(v * w for v, w in pairs) / total if total else None
 
 
-def moving_average(y: np.ndarray, window: int) -> np.ndarray:
-    """Trailing mean over up to `window` points (NaN-free input), same length as `y`."""
+def centered_mean(y: np.ndarray, window: int) -> np.ndarray:
+    """Mean over a window of `window` points centred on each point (shrinking at the ends; no lag)."""
     y = np.asarray(y, dtype=np.float64)
+    n = len(y)
     csum = np.concatenate([[0.0], np.cumsum(y)])
-    idx = np.arange(1, len(y) + 1)
-    start = np.maximum(0, idx - window)
-    return (csum[idx] - csum[start]) / (idx - start)
+    half = max(0, window // 2)
+    idx = np.arange(n)
+    start = np.maximum(0, idx - half)
+    stop = np.minimum(n, idx + half + 1)
+    return (csum[stop] - csum[start]) / (stop - start)
 
 
 def bucket_mean(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:

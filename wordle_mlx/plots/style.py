@@ -2,7 +2,7 @@
 
 `line()` draws a series so that it stays legible at any length: markers for short series, a plain line
 for medium ones, and for long noisy ones a faint raw line (bucket-averaged to at most `MAX_POINTS`) under
-a bold moving average. `finish()` adds the footnote (run name and config hash) and lays the figure out;
+a bold centred moving average. `finish()` adds the footnote (run name and config hash) and lays the figure out;
 `save_png()` writes through a temp file and rename so a failed draw never leaves a half-written PNG.
 The Agg backend is selected before anything else from matplotlib is imported, and pyplot is never used
 (figures are plain `Figure` objects, so nothing accumulates in global state).
@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Sequence  # noqa: E402
 
@@ -22,7 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
 from ..fileio import atomic_path  # noqa: E402
-from .stats import bucket_mean, moving_average  # noqa: E402
+from .stats import bucket_mean, centered_mean  # noqa: E402
 
 FIGSIZE = (8.0, 4.5)
 DPI = 100
@@ -45,8 +46,11 @@ def new_figure(nrows: int = 1, ncols: int = 1) -> tuple[Figure, list]:
 
 
 def line(ax, x: Sequence[float], y: Sequence[float], label: str | None, col: str, smooth: bool = False,
-         linestyle: str = "-", linewidth: float = 1.6) -> None:
-    """Draw one series legibly whatever its length (see module docstring)."""
+         linestyle: str = "-", linewidth: float = 1.6, raw: bool = True) -> None:
+    """Draw one series legibly whatever its length (see module docstring).
+
+    `smooth`: a noisy series; when long, draw its moving average (and the faint raw line if `raw`).
+    """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     keep = np.isfinite(x) & np.isfinite(y)
@@ -59,9 +63,10 @@ def line(ax, x: Sequence[float], y: Sequence[float], label: str | None, col: str
                 linewidth=linewidth)
         return
     if smooth and n > SMOOTH_FROM:
-        rx, ry = bucket_mean(x, y, RAW_POINTS)
-        ax.plot(rx, ry, linestyle=linestyle, color=col, alpha=0.25, linewidth=0.8, rasterized=True)
-        sx, sy = bucket_mean(x, moving_average(y, max(5, n // 50)), MAX_POINTS)
+        if raw:
+            rx, ry = bucket_mean(x, y, RAW_POINTS)
+            ax.plot(rx, ry, color=col, alpha=0.25, linewidth=0.7, rasterized=True)
+        sx, sy = bucket_mean(x, centered_mean(y, max(5, n // 25)), MAX_POINTS)
         ax.plot(sx, sy, linestyle=linestyle, color=col, label=label, linewidth=linewidth)
         return
     bx, by = bucket_mean(x, y, MAX_POINTS)
@@ -127,4 +132,12 @@ def save_png(fig: Figure, target: Path) -> Path:
     """Write `fig` to `target` atomically (temp file in the same folder, then rename)."""
     with atomic_path(target) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI)
+        readable(tmp)
     return target
+
+
+def readable(path: Path) -> None:
+    """Give a temp file (created 0600) the permissions a normally created file would have."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)

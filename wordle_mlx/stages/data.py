@@ -29,8 +29,7 @@ from ..errors import UserError
 from ..fileio import write_json_atomic, write_text_atomic
 from ..game.entropy import entropies
 from ..game.feedback import feedback
-from ..game.knowledge import is_consistent
-from ..game.seeding import seed_history
+from ..game.seeding import HistoryPolicy, seed_history
 from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
@@ -42,33 +41,20 @@ from .entropy import load_table
 
 
 class HistoryConfig(StrictModel):
-    k_weights: list[float] = Field([0.2, 0.2, 0.2, 0.2, 0.2], min_length=1, max_length=MAX_GUESSES,
-                                   description="P(k seeded guesses), k = 0, 1, ...")
-    solver_share: float = Field(0.5, ge=0, le=1, description="Share of seeded guesses that are the solver's.")
-    mistake_rate: float = Field(0.15, ge=0, le=1, description="P(one seeded guess after the first contradicts the clues).")
+    """Fields of `seeding.HistoryPolicy`: P(k seeded guesses) and the mix of ways to choose them."""
+    k_weights: list[float] = Field([0.2, 0.2, 0.2, 0.2, 0.2], description="P(k seeded guesses), k = 0, 1, ...")
+    solver: float = Field(0.4, ge=0)
+    random: float = Field(0.45, ge=0)
+    mistake: float = Field(0.15, ge=0)
+    opener_top: int = Field(50, ge=1)
 
     @model_validator(mode="after")
-    def _weights(self) -> "HistoryConfig":
-        if any(w < 0 for w in self.k_weights) or sum(self.k_weights) <= 0:
-            raise ValueError(f"k_weights must be non-negative with a positive sum, got {self.k_weights}")
+    def _valid_policy(self) -> "HistoryConfig":
+        self.policy()   # HistoryPolicy's own checks; its ValueError becomes a one-line config error
         return self
 
-
-def draw_history(secret: str, rng: random.Random, solver: Solver, cfg: HistoryConfig) -> tuple[list[str], str]:
-    """(seeded guesses, mode): k from `k_weights`, guesses from `seeding.seed_history`, and with probability
-    `mistake_rate` one guess after the first replaced by an allowed word that contradicts the clues before it.
-    Never contains the secret, so the board is never already won."""
-    k = rng.choices(range(len(cfg.k_weights)), weights=cfg.k_weights)[0]
-    guesses = seed_history(secret, rng, solver, max_seeded=k, min_seeded=k, solver_share=cfg.solver_share)
-    if len(guesses) < 2 or rng.random() >= cfg.mistake_rate:
-        return guesses, "seeded"
-    at = rng.randrange(1, len(guesses))
-    before = [(g, feedback(g, secret)) for g in guesses[:at]]
-    while True:
-        word = solver.table.guesses[rng.randrange(len(solver.table.guesses))]
-        if word != secret and word not in guesses and not is_consistent(word, before):
-            guesses[at] = word
-            return guesses, "mistake"
+    def policy(self) -> HistoryPolicy:
+        return HistoryPolicy(tuple(self.k_weights), self.solver, self.random, self.mistake, self.opener_top)
 
 
 class DataConfig(StrictModel):
@@ -112,9 +98,9 @@ def secret_stream(words: list[str], rng: random.Random):
         yield from order
 
 
-def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver) -> list[dict]:
+def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver, policy: HistoryPolicy) -> list[dict]:
     """One seeded start for `secret`, then up to `turns_per_game` teacher turns, one example each."""
-    seeded, mode = draw_history(secret, rng, solver, cfg.history)
+    seeded, mode = seed_history(secret, rng, solver, policy)
     guesses = list(seeded)
     turns: list[TurnText] = []
     out = []
@@ -170,6 +156,7 @@ def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str,
 
 def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]]) -> list[dict]:
     rng = random.Random(f"wordle-mlx-data|{cfg.seed}|{split}")
+    policy = cfg.history.policy()
     words = sorted(splits[split])
     assert not set(words) & set(splits["test"]), "train/valid secrets overlap the test split"
     secrets = secret_stream(words, rng)
@@ -178,10 +165,10 @@ def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict
         while len(records) < n:
             secret = next(secrets)
             if cfg.mode == "rl":
-                seeded, mode = draw_history(secret, rng, solver, cfg.history)
+                seeded, mode = seed_history(secret, rng, solver, policy)
                 new = [{"secret": secret, "history": seeded, "mode": mode}]
             else:
-                new = sft_examples(secret, cfg, rng, solver)[: n - len(records)]
+                new = sft_examples(secret, cfg, rng, solver, policy)[: n - len(records)]
             records.extend(new)
             advance(len(new))
     return records

@@ -18,13 +18,13 @@ from pydantic import Field
 
 from ..config import StrictModel, resolve_path
 from ..errors import UserError
-from ..fileio import write_text_atomic
+from ..fileio import atomic_path
 from ..progress import console
 from ..plots.charts import RUN_CHARTS
 from ..plots.compare import compare_cumulative_chart, compare_distribution_chart
 from ..plots.runlog import Series, load_run, load_series
 from ..plots.stats import markdown_table, wilson_interval
-from ..plots.style import save_png
+from ..plots.style import readable, save_png
 
 LIST_OPTIONS = ("--compare", "--labels")
 
@@ -118,7 +118,9 @@ def plot_compare(cfg: PlotConfig) -> dict:
     drawn = [("compare_cumulative_wins.png", compare_cumulative_chart(series)),
              ("compare_win_distribution.png", compare_distribution_chart(series))]
     files = [str(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
-    write_text_atomic(out / "compare.md", table)
+    with atomic_path(out / "compare.md") as tmp:
+        tmp.write_text(table, encoding="utf-8")
+        readable(tmp)
     files.append(str(out / "compare.md"))
     if not cfg.json_output:
         print(table)

@@ -1,0 +1,228 @@
+"""One GRPO step, in two halves: play and score (rollout), then one policy-gradient update.
+
+Rollout, `episode` mode: each of B prompts (secret + seeded board) is played G times to the end, all
+B x G games in one lockstep batch (`rollout.play_games`); a game's reward is `Rewards.game_values`
+(win, early, mean of the per-turn components) and every model token of the game gets the game's group
+advantage. Rollout, `turn` mode: one trajectory per prompt; at each turn G replies are sampled from the
+same state (`rollout.sample_replies`, all B x G in one batch), each scored with the per-turn reward
+(`Rewards.turn_mode_values`), the group is the (prompt, turn), and the game advances with the
+best-scoring valid reply (the best reply of any kind if none is valid). The result is a list of
+`ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
+component values. `policy_update` computes group advantages, drops zero-variance groups, splits the
+rest into micro-batches of at most `max_tokens` padded tokens, accumulates gradients of `grpo_loss`,
+clips them, and applies the optimizer only when the loss and gradient norm are finite.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Collection, Sequence
+
+import numpy as np
+
+from ..game.rewards import COMPONENTS, ReplyKind, Rewards, TurnFacts
+from .episode import Episode, TokenSequence, Turn
+from .grpo_loss import (LossSettings, averaging_weights, batch_arrays, group_advantages, grpo_loss, pack_batch,
+                        reference_logprobs, split_batch)
+from .prompts import FORMAT_ERRORS, NOT_A_WORD, parse_reply
+from .rollout import GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids, sample_replies
+
+
+@dataclass
+class ScoredItem:
+    """Reply sequences that share one reward (a whole game in episode mode, one reply in turn mode)."""
+    sequences: list[TokenSequence]
+    group: int
+    reward: float
+    values: dict[str, float]
+
+
+@dataclass
+class RolloutResult:
+    items: list[ScoredItem]
+    episodes: list[Episode]            # the games that were played (B x G, or B trajectories in turn mode)
+    replies: list[Turn] = field(default_factory=list)   # every sampled reply, with its error kind
+    tokens_generated: int = 0
+    seconds: float = 0.0
+
+
+def reply_kind(error: str | None) -> ReplyKind:
+    if error is None:
+        return ReplyKind.VALID
+    if error == NOT_A_WORD:
+        return ReplyKind.NOT_A_WORD
+    if error in FORMAT_ERRORS:
+        return ReplyKind.FORMAT_ERROR
+    raise ValueError(f"unknown reply error kind {error!r}")
+
+
+def turn_facts(ep: Episode, max_tokens: int) -> list[TurnFacts]:
+    """The reward view of each of a game's replies, replaying the board from the seeded guesses."""
+    board = ep.state.history()[:len(ep.seeded)]
+    out = []
+    for turn in ep.turns:
+        kind = reply_kind(turn.error)
+        out.append(TurnFacts(ep.secret, tuple(board), kind, turn.guess if kind is ReplyKind.VALID else None,
+                             len(turn.completion_tokens), max_tokens))
+        if turn.pattern is not None:
+            board.append((turn.guess, turn.pattern))
+    return out
+
+
+def game_specs(prompts: Sequence[GameSpec], copies: int) -> list[GameSpec]:
+    """Each prompt `copies` times, group id = the prompt's index."""
+    return [GameSpec(p.secret, list(p.seeded_guesses), group=i) for i, p in enumerate(prompts) for _ in range(copies)]
+
+
+def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
+                         allowed: Collection[str], rewards: Rewards, generate_fn) -> RolloutResult:
+    start = time.perf_counter()
+    episodes = play_games(model, tokenizer, game_specs(prompts, num_generations), cfg, allowed,
+                          generate_fn=generate_fn)
+    items = []
+    for ep in episodes:
+        values = rewards.game_values(turn_facts(ep, cfg.max_tokens_per_turn), ep.won, len(ep.state.guesses))
+        items.append(ScoredItem(ep.token_sequences(), ep.group, rewards.total(values), values))
+    replies = [t for ep in episodes for t in ep.turns]
+    return RolloutResult(items, episodes, replies, sum(len(t.completion_tokens) for t in replies),
+                         time.perf_counter() - start)
+
+
+def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
+                      allowed: Collection[str], rewards: Rewards, generate_fn) -> RolloutResult:
+    start = time.perf_counter()
+    allowed = allowed if isinstance(allowed, (set, frozenset)) else frozenset(allowed)
+    games = [_start(GameSpec(p.secret, list(p.seeded_guesses), group=i), cfg) for i, p in enumerate(prompts)]
+    items: list[ScoredItem] = []
+    replies: list[Turn] = []
+    group = 0
+    while active := [g for g in games if not g.done]:
+        prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.last_error) for g in active]
+        samples = sample_replies(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn=generate_fn)
+        for game, prompt, completions in zip(active, prompt_ids, samples):
+            state = game.episode.state
+            scored = []
+            for c in completions:
+                parsed = parse_reply(c.text, cfg.prompt.require_think, allowed)
+                kind = reply_kind(parsed.error)
+                facts = TurnFacts(state.secret, tuple(state.history()), kind,
+                                  parsed.guess if kind is ReplyKind.VALID else None, len(c.tokens),
+                                  cfg.max_tokens_per_turn)
+                values = rewards.turn_mode_values(facts)
+                seq = TokenSequence(list(prompt) + list(c.tokens), [0] * len(prompt) + [1] * len(c.tokens),
+                                    [0.0] * len(prompt) + list(c.logprobs))
+                item = ScoredItem([seq], group, rewards.total(values), values)
+                items.append(item)
+                scored.append((kind is ReplyKind.VALID, item.reward, c))
+                replies.append(Turn(list(prompt), list(c.tokens), list(c.logprobs), c.text, parsed.guess,
+                                    parsed.error, finish_reason=c.finish_reason))
+            group += 1
+            best = max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))
+            _apply(game, prompt, scored[best][2], cfg, allowed)
+    return RolloutResult(items, [g.episode for g in games], replies,
+                         sum(len(t.completion_tokens) for t in replies), time.perf_counter() - start)
+
+
+def component_stats(items: Sequence[ScoredItem]) -> dict[str, dict[str, float]]:
+    """Mean and std of each reward component over the items (values before weighting)."""
+    out = {}
+    for name in COMPONENTS:
+        v = np.array([it.values.get(name, 0.0) for it in items], dtype=np.float64)
+        out[name] = {"mean": float(v.mean()) if len(v) else 0.0, "std": float(v.std()) if len(v) else 0.0}
+    return out
+
+
+def game_rates(episodes: Sequence[Episode], replies: Sequence[Turn]) -> dict:
+    """win_rate, mean_guesses (won games, board guesses included), and rates as in `eval`: format errors and
+    invalid words (well-formed, not allowed) over all replies, repeats over played guesses."""
+    won = [len(ep.state.guesses) for ep in episodes if ep.won]
+    n = max(1, len(replies))
+    repeated = sum(1 for ep in episodes for t in ep.turns if t.repeated)
+    played_in_games = sum(1 for ep in episodes for t in ep.turns if t.error is None)
+    return {
+        "win_rate": len(won) / len(episodes) if episodes else 0.0,
+        "mean_guesses": float(np.mean(won)) if won else None,
+        "format_error_rate": sum(1 for t in replies if t.error in FORMAT_ERRORS) / n,
+        "invalid_rate": sum(1 for t in replies if t.error == NOT_A_WORD) / n,
+        "repeat_rate": repeated / played_in_games if played_in_games else 0.0,
+    }
+
+
+@dataclass
+class UpdateSettings:
+    loss: LossSettings
+    averaging: str = "token"
+    scale_advantages: bool = True
+    max_grad_norm: float = 1.0           # 0 = no clipping
+    max_tokens: int = 4096               # padded tokens per micro-batch
+
+
+@dataclass
+class UpdateResult:
+    loss: float
+    grad_norm: float
+    kl: float
+    clip_fraction: float
+    skipped_groups: int
+    applied: bool                        # False when nothing was trainable or the loss/gradient was not finite
+    finite: bool
+    trained_tokens: int
+    seconds: float
+
+
+def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings, loss_fn=grpo_loss) -> UpdateResult:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.utils import tree_map
+
+    start = time.perf_counter()
+    advantages, skipped = group_advantages([it.reward for it in items], [it.group for it in items],
+                                           scale=s.scale_advantages)
+    live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
+    seqs, advs = [], []
+    for it, a in zip(items, advantages):
+        if it.group in live_groups:
+            for seq in it.sequences:
+                if sum(seq.mask) > 0:
+                    seqs.append(seq)
+                    advs.append(float(a))
+    if not seqs:
+        return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start)
+    weights = averaging_weights([sum(q.mask) for q in seqs], s.averaging)
+    model.train()
+
+    def loss_of(arrays, ref):
+        return loss_fn(model, arrays, s.loss, ref)
+
+    value_and_grad = nn.value_and_grad(model, loss_of)
+    grads, total_loss, kl, clip = None, 0.0, 0.0, 0.0
+    for idx in split_batch(seqs, s.max_tokens):
+        batch = pack_batch([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
+        arrays = batch_arrays(batch)
+        ref = reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None
+        (loss, stats), g = value_and_grad(arrays, ref)
+        grads = g if grads is None else tree_map(lambda a, b: a + b, grads, g)
+        mx.eval(grads, loss, stats)
+        total_loss += loss.item()
+        kl += stats["kl"].item()
+        clip += stats["clip_fraction"].item()
+    if s.max_grad_norm > 0:
+        grads, norm = optim.clip_grad_norm(grads, s.max_grad_norm)
+    else:
+        norm = mx.sqrt(sum((g * g).sum() for g in _leaves(grads)))
+    grad_norm = float(norm.item())
+    finite = bool(np.isfinite(total_loss) and np.isfinite(grad_norm))
+    if finite:
+        optimizer.update(model, grads)
+        mx.eval(model.trainable_parameters(), optimizer.state)
+    model.eval()
+    return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, sum(sum(q.mask) for q in seqs),
+                        time.perf_counter() - start)
+
+
+def _leaves(tree) -> list:
+    from mlx.utils import tree_flatten
+
+    return [v for _, v in tree_flatten(tree)]

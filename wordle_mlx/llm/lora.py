@@ -1,0 +1,169 @@
+"""LoRA adapters with mlx-lm's own layers, saved in mlx-lm's format, and resumable training checkpoints.
+
+`apply_lora` freezes the model and swaps the chosen linear layers of the last `num_layers` blocks for
+`mlx_lm.tuner.lora.LoRALinear` (via `linear_to_lora_layers`), so only `lora_a`/`lora_b` train.
+`save_adapters` writes `adapters.safetensors` + `adapter_config.json` with the keys mlx-lm's
+`load_adapters` reads (`fine_tune_type`, `num_layers`, `lora_parameters{rank, scale, dropout, keys}`),
+plus `base_model` for our own mismatch check; `mlx_lm.load(model, adapter_path=...)` and
+`mlx_lm.generate --adapter-path` accept the folder. A checkpoint folder adds `optimizer.safetensors`
+(the flattened optimizer state, step included) and `trainer_state.json`; it is written in a temporary
+sibling folder and renamed, and `latest` (a one-line file naming the newest complete checkpoint) is
+replaced atomically afterwards, so a crash at any moment leaves the previous checkpoint usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..errors import UserError
+from ..fileio import write_json_atomic, write_text_atomic
+
+ADAPTER_WEIGHTS = "adapters.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER_STATE = "optimizer.safetensors"
+TRAINER_STATE = "trainer_state.json"
+LATEST = "latest"
+
+
+def lora_parameters(rank: int, scale: float, dropout: float, keys: list[str] | None) -> dict:
+    params = {"rank": rank, "scale": scale, "dropout": dropout}
+    if keys is not None:
+        params["keys"] = list(keys)
+    return params
+
+
+def adapter_config(num_layers: int, params: dict, base_model: str) -> dict:
+    """The adapter_config.json content mlx-lm expects (extra keys are ignored by mlx-lm)."""
+    return {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params, "base_model": base_model}
+
+
+def apply_lora(model, num_layers: int, params: dict) -> int:
+    """Freeze `model` and add LoRA layers in place; returns the number of trainable parameters."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model.freeze()
+    try:
+        linear_to_lora_layers(model, num_layers, params)
+    except ValueError as exc:
+        raise UserError(f"lora: cannot apply LoRA: {exc}") from None
+    count = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+    if count == 0:
+        raise UserError(f"lora: no layer matched keys {params.get('keys')}; nothing would train")
+    return count
+
+
+def adapter_weights(model) -> dict[str, mx.array]:
+    return dict(tree_flatten(model.trainable_parameters()))
+
+
+def _write_adapter_files(folder: Path, model, config: dict) -> None:
+    mx.save_safetensors(str(folder / ADAPTER_WEIGHTS), adapter_weights(model))
+    write_json_atomic(folder / ADAPTER_CONFIG, config)
+
+
+def _publish_dir(tmp: Path, target: Path) -> None:
+    """Rename the finished `tmp` folder to `target`, replacing an older `target`."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def _temp_dir_beside(target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+
+
+def save_adapters(folder: str | Path, model, config: dict) -> Path:
+    """Write the adapter folder (mlx-lm format) atomically."""
+    folder = Path(folder)
+    tmp = _temp_dir_beside(folder)
+    try:
+        _write_adapter_files(tmp, model, config)
+        _publish_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def save_checkpoint(checkpoints: str | Path, step: int, model, optimizer, config: dict, state: dict) -> Path:
+    """checkpoints/step_NNNNNN/ with adapters, optimizer state and trainer state; then `latest` points at it."""
+    checkpoints = Path(checkpoints)
+    target = checkpoints / f"step_{step:06d}"
+    tmp = _temp_dir_beside(target)
+    try:
+        _write_adapter_files(tmp, model, config)
+        mx.save_safetensors(str(tmp / OPTIMIZER_STATE), dict(tree_flatten(optimizer.state)))
+        write_json_atomic(tmp / TRAINER_STATE, {"step": step, **state})
+        _publish_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    write_text_atomic(checkpoints / LATEST, target.name + "\n")
+    return target
+
+
+def prune_checkpoints(checkpoints: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (never the one `latest` names)."""
+    checkpoints = Path(checkpoints)
+    latest = latest_checkpoint(checkpoints)
+    done = sorted(p for p in checkpoints.glob("step_*") if (p / TRAINER_STATE).is_file())
+    for old in done[: max(len(done) - keep, 0)]:
+        if latest is None or old != latest:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(checkpoints: str | Path) -> Path | None:
+    """The newest complete checkpoint: the one `latest` names, else the highest complete step folder."""
+    checkpoints = Path(checkpoints)
+    pointer = checkpoints / LATEST
+    if pointer.is_file():
+        named = checkpoints / pointer.read_text().strip()
+        if (named / TRAINER_STATE).is_file():
+            return named
+    done = sorted(p for p in checkpoints.glob("step_*") if (p / TRAINER_STATE).is_file())
+    return done[-1] if done else None
+
+
+def _set_path(tree, path: list[str], value) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(path[-1])] = value
+    else:
+        node[path[-1]] = value
+
+
+def load_checkpoint(folder: str | Path, model, optimizer) -> dict:
+    """Restore adapter weights and optimizer state from `folder`; returns the trainer state."""
+    folder = Path(folder)
+    try:
+        weights = mx.load(str(folder / ADAPTER_WEIGHTS))
+        saved_opt = mx.load(str(folder / OPTIMIZER_STATE))
+        state = json.loads((folder / TRAINER_STATE).read_text())
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise UserError(f"{folder}: unreadable checkpoint: {exc}") from None
+    expected = adapter_weights(model)
+    if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in weights):
+        raise UserError(f"{folder}: checkpoint adapters do not match this model's LoRA layers")
+    model.load_weights(list(weights.items()), strict=False)
+    optimizer.init(model.trainable_parameters())
+    current = dict(tree_flatten(optimizer.state))
+    if set(saved_opt) != set(current):
+        raise UserError(f"{folder}: optimizer state does not match this optimizer and model")
+    for key, value in saved_opt.items():
+        _set_path(optimizer.state, key.split("."), value)
+    mx.eval(model.parameters(), optimizer.state)
+    return state

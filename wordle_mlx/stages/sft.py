@@ -1,0 +1,260 @@
+"""`wordle-mlx sft`: LoRA supervised fine-tuning on the teacher's data, resumable, with a run folder.
+
+Reads `train.jsonl`/`valid.jsonl` from `wordle-mlx data`, renders each record with the tokenizer's
+chat template (exactly what the rollout engine feeds the model) and trains LoRA adapters (mlx-lm's
+layers; the base is frozen) with a small loop of our own: cross-entropy on assistant tokens only,
+projected onto the vocabulary only at those positions (`llm/sft_loss.py`), batches built from
+length-sorted examples in a per-epoch shuffled order, gradient accumulation, global-norm clipping, AdamW
+with linear warmup then cosine decay. Every `valid_every` steps it logs the validation loss, every
+`game_eval.every` steps it plays a few valid-split games with the rollout engine, every `save_every`
+steps it writes a checkpoint. Everything goes to `logs/<run>/` (config.json, metrics.jsonl in the
+format of docs/METRICS.md, checkpoints/, adapters/). `resume` continues from the last complete
+checkpoint: adapters, optimizer state, step and data position are restored, and the dropout RNG is
+re-seeded from (seed, step) every step, so the continued run computes what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map
+from pydantic import Field
+
+from ..config import StrictModel, config_hash, read_json_file, resolve_path
+from ..errors import UserError
+from ..fileio import write_json_atomic
+from ..llm import lora
+from ..llm.prompts import FORMAT_ERRORS, PromptConfig
+from ..llm.sft_loss import SFTBatch, loss_sum, make_batch
+from ..metrics import MetricsWriter
+from ..progress import console, progress_bar
+from .data import read_sft_jsonl
+
+
+class LoraConfig(StrictModel):
+    rank: int = Field(8, ge=1)
+    scale: float = Field(20.0, gt=0, description="mlx-lm's LoRA scale (the update is scale * B A x).")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    num_layers: int = Field(-1, ge=-1, description="Adapt the last N blocks; -1 = all.")
+    keys: list[str] | None = Field(None, description="Module names inside a block, e.g. self_attn.q_proj; None = all linears.")
+
+
+class GameEvalConfig(StrictModel):
+    every: int = Field(0, ge=0, description="Play quick valid-split games every N steps; 0 = off.")
+    games: int = Field(8, ge=1)
+    max_tokens_per_turn: int = Field(96, ge=8)
+
+
+class SFTConfig(StrictModel):
+    model: str = "builtin:gemma-3-270m"
+    dtype: str | None = None
+    data: str = "../data/sft"
+    logs_dir: str = "../logs"
+    run_name: str | None = None
+    seed: int = 0
+    lora: LoraConfig = LoraConfig()
+    steps: int = Field(200, ge=1)
+    batch_size: int = Field(4, ge=1)
+    grad_accumulation: int = Field(1, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay ends at learning_rate * this.")
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 = off.")
+    max_seq_length: int = Field(1024, ge=16)
+    pad_to: int = Field(32, ge=1, description="Pad batch widths and target counts to multiples of this.")
+    grad_checkpoint: bool = False
+    valid_every: int = Field(50, ge=0)
+    valid_batches: int = Field(0, ge=0, description="Validation batches per pass; 0 = all.")
+    game_eval: GameEvalConfig = GameEvalConfig()
+    save_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    progress: bool = True
+
+
+def lr_schedule(cfg: SFTConfig):
+    decay = optim.cosine_decay(cfg.learning_rate, max(cfg.steps - cfg.warmup_steps, 1),
+                               cfg.learning_rate * cfg.min_lr_ratio)
+    if cfg.warmup_steps == 0:
+        return decay
+    warmup = optim.linear_schedule(cfg.learning_rate / (cfg.warmup_steps + 1), cfg.learning_rate, cfg.warmup_steps)
+    return optim.join_schedules([warmup, decay], [cfg.warmup_steps])
+
+
+def tokenize(records: list[dict], tokenizer, source: Path) -> list[tuple[list[int], int]]:
+    """(token ids of the whole chat, length of the prompt part) per record, as mlx-lm's ChatDataset does."""
+    out = []
+    for i, r in enumerate(records, start=1):
+        full = tokenizer.apply_chat_template(r["messages"], return_dict=False)
+        prompt = tokenizer.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, return_dict=False)
+        if full[: len(prompt)] != prompt or len(full) <= len(prompt):
+            raise UserError(f"{source}: record {i}: the chat template does not render the prompt as a prefix")
+        out.append((full, len(prompt)))
+    return out
+
+
+def make_batches(seqs: list[tuple[list[int], int]], cfg: SFTConfig) -> list[SFTBatch]:
+    """Length buckets: examples sorted by length, cut into batches of `batch_size` (the last may be smaller)."""
+    order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i][0]), i))
+    return [make_batch([seqs[i] for i in order[s:s + cfg.batch_size]], cfg.pad_to, cfg.max_seq_length)
+            for s in range(0, len(order), cfg.batch_size)]
+
+
+def batch_at(position: int, n_batches: int, seed: int) -> int:
+    """Which batch is the `position`-th one drawn: a fresh shuffle of all batches every epoch."""
+    epoch, offset = divmod(position, n_batches)
+    return int(np.random.default_rng([seed, epoch]).permutation(n_batches)[offset])
+
+
+def evaluate_loss(model, batches: list[SFTBatch]) -> float:
+    total, count = 0.0, 0.0
+    for b in batches:
+        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights)
+        mx.eval(s, n)
+        total, count = total + s.item(), count + n.item()
+    return total / max(count, 1.0)
+
+
+def game_eval(model, tokenizer, cfg: SFTConfig, prompt: PromptConfig) -> dict:
+    from ..game.splits import split_words
+    from ..game.words import guess_list
+    from ..llm.rollout import GameSpec, RolloutConfig, play_games
+
+    specs = [GameSpec(secret=w) for w in split_words("valid")[: cfg.game_eval.games]]
+    rcfg = RolloutConfig(prompt=prompt, max_tokens_per_turn=cfg.game_eval.max_tokens_per_turn)
+    episodes = play_games(model, tokenizer, specs, rcfg, set(guess_list()))
+    model.train()
+    turns = [t for e in episodes for t in e.turns]
+    return {"win_rate": float(np.mean([e.won for e in episodes])),
+            "format_error_rate": float(np.mean([t.error in FORMAT_ERRORS for t in turns])) if turns else 0.0,
+            "games": [e.outcome() for e in episodes]}
+
+
+def prepare_run_dir(cfg: SFTConfig, resume: str | None, overwrite: bool) -> Path:
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.json").is_file():
+            raise UserError(f"--resume {resume}: not a run folder (no config.json)")
+        return run_dir
+    name = cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S")
+    run_dir = resolve_path(cfg, cfg.logs_dir) / name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise UserError(f"run folder {run_dir} already exists; pass --overwrite or --run-name NEW or --resume {run_dir}")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def load_data(cfg: SFTConfig):
+    folder = resolve_path(cfg, cfg.data)
+    train = read_sft_jsonl(folder / "train.jsonl")
+    valid = read_sft_jsonl(folder / "valid.jsonl") if cfg.valid_every else []
+    stats = folder / "stats.json"
+    prompt = PromptConfig(**read_json_file(stats)["prompt"]) if stats.is_file() else PromptConfig()
+    return folder, train, valid, prompt
+
+
+def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+    from ..llm.models import load_model
+
+    run_dir = prepare_run_dir(cfg, resume, overwrite)
+    data_dir, train_records, valid_records, prompt_cfg = load_data(cfg)
+    model, tokenizer = load_model(cfg.model, dtype=cfg.dtype)
+    mx.random.seed(cfg.seed)
+    lora_params = lora.lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)
+    trainable = lora.apply_lora(model, cfg.lora.num_layers, lora_params)
+    adapter_cfg = lora.adapter_config(cfg.lora.num_layers, lora_params, cfg.model)
+    if cfg.grad_checkpoint:
+        from mlx_lm.tuner.trainer import grad_checkpoint
+        grad_checkpoint(model.layers[0])
+
+    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), cfg)
+    valid_batches = make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), cfg) if valid_records else []
+    if cfg.valid_batches:
+        valid_batches = valid_batches[: cfg.valid_batches]
+    schedule = lr_schedule(cfg)
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)
+
+    step, position = 0, 0
+    checkpoints = run_dir / "checkpoints"
+    if resume is not None:
+        ckpt = lora.latest_checkpoint(checkpoints)
+        if ckpt is None:
+            raise UserError(f"--resume {resume}: no complete checkpoint in {checkpoints}")
+        state = lora.load_checkpoint(ckpt, model, optimizer)
+        step, position = int(state["step"]), int(state["data_position"])
+    else:
+        saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name})
+        write_json_atomic(run_dir / "config.json", saved.model_dump(mode="json"))
+
+    loss_and_grad = nn.value_and_grad(model, loss_sum)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    metrics.write({"kind": "run", "stage": "sft", "run": run_dir.name, "config_hash": config_hash(cfg),
+                   "config": cfg.model_dump(mode="json"), "time": time.time(),
+                   "resumed_from_step": step if resume is not None else None,
+                   "trainable_parameters": trainable, "train_batches": len(train_batches)})
+    if cfg.progress:
+        console.print(f"sft {run_dir.name}: {len(train_records)} examples in {len(train_batches)} batches, "
+                      f"{trainable / 1e6:.2f}M trainable parameters, steps {step + 1}..{cfg.steps}")
+    model.train()
+    last_loss, last_val = math.nan, None
+    with progress_bar("sft", cfg.steps - step, enabled=cfg.progress) as advance:
+        while step < cfg.steps:
+            step += 1
+            mx.random.seed(cfg.seed * 1_000_003 + step)
+            start = time.perf_counter()
+            grads, total, count, length = None, 0.0, 0.0, 0
+            for _ in range(cfg.grad_accumulation):
+                b = train_batches[batch_at(position, len(train_batches), cfg.seed)]
+                position += 1
+                (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights)
+                grads = g if grads is None else tree_map(mx.add, grads, g)
+                mx.eval(grads, s, n)
+                total, count, length = total + s.item(), count + n.item(), length + b.length
+            grads = tree_map(lambda x: x / count, grads)
+            if cfg.grad_clip > 0:
+                grads, norm = optim.clip_grad_norm(grads, cfg.grad_clip)
+            else:
+                norm = optim.clip_grad_norm(grads, float("inf"))[1]
+            lr = float(schedule(mx.array(step - 1)))   # the optimizer applies schedule(updates so far)
+            optimizer.update(model, grads)
+            mx.eval(model.parameters(), optimizer.state, norm)
+            seconds = time.perf_counter() - start
+            last_loss = total / count
+            if not math.isfinite(last_loss):
+                raise UserError(f"sft: loss became {last_loss} at step {step}; lower learning_rate")
+            metrics.write({"kind": "sft", "step": step, "time": time.time(), "lr": lr, "loss": last_loss,
+                           "grad_norm": norm.item(), "tokens": length, "target_tokens": int(count),
+                           "tokens_per_second": length / seconds, "peak_memory_gb": mx.get_peak_memory() / 1e9})
+            advance(1, info=f"loss {last_loss:.3f}  {length / seconds:.0f} tok/s")
+            record = None
+            if cfg.valid_every and valid_batches and (step % cfg.valid_every == 0 or step == cfg.steps):
+                model.eval()
+                last_val = evaluate_loss(model, valid_batches)
+                model.train()
+                record = {"kind": "sft_valid", "step": step, "time": time.time(), "val_loss": last_val}
+            if cfg.game_eval.every and (step % cfg.game_eval.every == 0 or step == cfg.steps):
+                record = record or {"kind": "sft_valid", "step": step, "time": time.time()}
+                record.update(game_eval(model, tokenizer, cfg, prompt_cfg))
+            if record is not None:
+                metrics.write(record)
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                lora.save_checkpoint(checkpoints, step, model, optimizer, adapter_cfg,
+                                     {"data_position": position, "seed": cfg.seed,
+                                      "rng": f"mx.random.seed({cfg.seed} * 1000003 + step) before every step"})
+                lora.prune_checkpoints(checkpoints, cfg.keep_checkpoints)
+    metrics.close()
+    adapters = lora.save_adapters(run_dir / "adapters", model, adapter_cfg)
+    result = {"run_dir": str(run_dir), "adapters": str(adapters), "steps": step, "final_loss": last_loss,
+              "val_loss": last_val, "peak_memory_gb": round(mx.get_peak_memory() / 1e9, 3)}
+    if cfg.progress:
+        console.print(f"adapters saved to {adapters}")
+    return result

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from wordle_mlx.cli import app
 from wordle_mlx.errors import UserError
 from wordle_mlx.plots.runlog import load_run
-from wordle_mlx.plots.stats import (cumulative_wins, markdown_table, outcome_histogram, rolling_win_rate,
+from wordle_mlx.plots.stats import (centered_mean, cumulative_wins, is_noisy, markdown_table, outcome_histogram, rolling_win_rate,
                                     wilson_interval)
 from wordle_mlx.stages.plot import PlotConfig, parse_list_options, run
 
@@ -126,6 +126,15 @@ class TestArithmetic(unittest.TestCase):
         with self.assertRaises(ValueError):
             rolling_win_rate([1], window=0)
 
+    def test_smoothing(self):
+        np.testing.assert_allclose(centered_mean([4.0, 0.0, 2.0, 6.0, 1.0], 3), [2.0, 2.0, 8 / 3, 3.0, 3.5])
+        np.testing.assert_allclose(centered_mean([1.0, 2.0, 3.0], 1), [1.0, 2.0, 3.0])
+        rng = np.random.default_rng(0)
+        self.assertTrue(is_noisy(rng.normal(size=500)))
+        self.assertTrue(is_noisy(np.linspace(2, 0, 500) + rng.normal(scale=0.2, size=500)))
+        self.assertFalse(is_noisy(2.0 / np.arange(1, 501)))  # a clean falling loss is drawn as is
+        self.assertFalse(is_noisy(np.full(500, 1e-5)))
+
     def test_histogram_and_wilson(self):
         self.assertEqual(outcome_histogram([0, 3, 3, 6, 1]),
                          {"1": 1, "2": 0, "3": 2, "4": 0, "5": 0, "6": 1, "lost": 1})
@@ -194,8 +203,9 @@ class TestReadMetrics(unittest.TestCase):
     def test_empty_missing_and_gameless_files(self):
         (self.tmp / "empty.jsonl").write_text("")
         write_jsonl(self.tmp / "runonly.jsonl", make_metrics(steps=0))
+        write_jsonl(self.tmp / "bare.jsonl", make_metrics(steps=0) + [{"kind": "train", "step": 1, "games": []}])
         for name, pattern in (("empty.jsonl", "file is empty"), ("missing.jsonl", "file not found"),
-                              ("runonly.jsonl", "no games or training steps")):
+                              ("runonly.jsonl", "no games or training steps"), ("bare.jsonl", "no games, rewards")):
             out = self.tmp / f"out-{name}"
             with self.assertRaisesRegex(UserError, pattern):
                 quiet_run(PlotConfig(file=str(self.tmp / name), out=str(out)))

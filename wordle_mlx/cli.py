@@ -19,7 +19,20 @@ from .blas import reexec_with_openblas
 from .config import load_config
 from .errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+
+class _Commands(typer.core.TyperGroup):
+    """Turns a UserError from any command into one line on stderr and exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise typer.Exit(code=err.exit_code) from None
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Teach a Gemma 3 model to play Wordle with SFT and GRPO on MLX.")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
@@ -123,6 +136,92 @@ def play(model: ModelOpt = "builtin:gemma-3-270m", adapter: AdapterOpt = None,
     cfg = load_config(None, stage.PlayConfig, {
         "model": model, "adapter": adapter, "secret": secret, "seed": seed, "human": human,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
+def train(config: ConfigOpt = None,
+          resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
+          steps: Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides training.steps).")] = None,
+          run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,
+          no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
+          json_output: JsonFlag = False) -> None:
+    """GRPO: play full games every step and update a LoRA adapter (metrics, checkpoints, adapters in logs/<run>)."""
+    from .stages import grpo as stage
+    if config is None and resume is None:
+        raise UserError("train: give --config FILE (or --resume logs/<run>)")
+    cfg = load_config(config if config is not None else resume / "config.json", stage.GRPOConfig, {
+        "training.steps": steps, "run_name": run_name, "resume": str(resume) if resume else None,
+        "progress": False if no_progress else None})
+    emit(stage.run(cfg), json_output)
+
+
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+
+
+@app.command(name="data")
+def data_command(config: ConfigOpt = None,
+                 mode: Annotated[Optional[str], typer.Option("--mode", help="sft (chat JSONL) or rl (seeded boards).")] = None,
+                 out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
+                 seed: Annotated[Optional[int], typer.Option("--seed")] = None,
+                 tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Model spec whose tokenizer counts target tokens.")] = None,
+                 no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+    """Synthetic SFT/RL data: history-seeded boards, the solver as teacher, replay-checked."""
+    from .stages import data as stage
+    cfg = load_config(config, stage.DataConfig, {
+        "mode": mode, "out": str(out.resolve()) if out else None, "seed": seed, "tokenizer": tokenizer,
+        "progress": False if no_progress else None})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
+def sft(config: ConfigOpt = None,
+        resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
+        run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run folder.")] = False,
+        steps: Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides steps).")] = None,
+        no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+    """LoRA supervised fine-tuning on `wordle-mlx data` output; resumable run folder in logs/."""
+    from .stages import sft as stage
+    source = config if config is not None or resume is None else resume / "config.json"
+    cfg = load_config(source, stage.SFTConfig, {"run_name": run_name, "steps": steps,
+                                                "progress": False if no_progress else None})
+    emit(stage.run(cfg, resume=str(resume) if resume else None, overwrite=overwrite), json_output)
+
+
+@app.command()
+def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter folder (adapters.safetensors + adapter_config.json).")],
+         out: Annotated[Path, typer.Option("--out", help="Folder for the fused model.")],
+         model: Annotated[str, typer.Option("--model", help="Base model spec.")] = "builtin:gemma-3-270m",
+         dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU).")] = None,
+         overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output folder.")] = False,
+         json_output: JsonFlag = False) -> None:
+    """Merge a LoRA adapter into the base weights; verified against the adapter model before it is kept."""
+    from .stages import fuse as stage
+    cfg = load_config(None, stage.FuseConfig, {"model": model, "adapter": str(adapter), "out": str(out),
+                                                "dtype": dtype, "overwrite": overwrite})
+    result = stage.run(cfg)
+    if not json_output:
+        from .progress import console
+        console.print(f"fused {result['fused_layers']} layers into {result['out']} "
+                      f"(max logit diff {result['max_abs_logit_diff']:.2e} <= {result['tolerance']:.2e})")
+    emit(result, json_output)
+
+
+model_app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Import models into mlx-lm folders.")
+app.add_typer(model_app, name="model")
+
+
+@model_app.command(name="import")
+def model_import(source: Annotated[str, typer.Argument(help="A Gemma 3 .gguf file, builtin:gemma-3-270m or builtin:tiny-random.")],
+                 out: Annotated[Path, typer.Option("--out", help="New folder for the mlx-lm model.")],
+                 dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 with Metal).")] = None,
+                 q_bits: Annotated[Optional[int], typer.Option("--q-bits", help="Re-quantise linear layers to 4 or 8 bits.")] = None,
+                 json_output: JsonFlag = False) -> None:
+    """Convert a GGUF (or a builtin model) into a folder that mlx_lm.load and --model accept."""
+    from .stages import model_import as stage
+    cfg = load_config(None, stage.ModelImportConfig, {"source": source, "out": str(out), "dtype": dtype,
+                                                       "q_bits": q_bits, "json_output": json_output})
     emit(stage.run(cfg), json_output)
 
 

@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def cache_dir(*parts: str) -> Path:
     base = os.environ.get("WORDLE_MLX_CACHE")
     if base is None:
@@ -32,6 +38,7 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or target.suffix + ".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:

@@ -171,7 +171,7 @@ class UpdateResult:
     seconds: float
 
 
-def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings, loss_fn=grpo_loss) -> UpdateResult:
+def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings) -> UpdateResult:
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -194,7 +194,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     model.train()
 
     def loss_of(arrays, ref):
-        return loss_fn(model, arrays, s.loss, ref)
+        return grpo_loss(model, arrays, s.loss, ref)
 
     value_and_grad = nn.value_and_grad(model, loss_of)
     grads, total_loss, kl, clip = None, 0.0, 0.0, 0.0

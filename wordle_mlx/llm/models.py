@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,12 +22,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import UserError
-from ..fileio import cache_dir
+from ..fileio import cache_dir, write_json_atomic
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny-random", "gemma-3-270m")
 DTYPES = ("float32", "bfloat16", "float16")
-TINY_FORMAT_VERSION = 1
+BUILD_FORMAT_VERSION = 1  # bump when the tiny model or the GGUF import changes
+BUILD_MARKER = "wordle_mlx_build.json"
 HF_REPO_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -52,8 +54,12 @@ def check_dtype(dtype: str | None) -> str:
 
 
 @contextlib.contextmanager
-def building_dir(target: Path) -> Iterator[Path]:
-    """Yield an empty temp folder beside `target`; on success rename it to `target`, else delete it."""
+def building_dir(target: Path, keep_if: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Yield an empty temp folder beside `target`; on success rename it to `target`, else delete it.
+
+    If `target` appeared meanwhile and `keep_if(target)` holds (another process finished the same
+    build), the new folder is discarded instead.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
@@ -64,8 +70,10 @@ def building_dir(target: Path) -> Iterator[Path]:
         for item in tmp.iterdir():
             if item.is_file():
                 os.chmod(item, 0o666 & ~umask)
-        if target.exists():
-            # Someone else finished the same build first (or we replace an old output): swap it out.
+        if target.exists() and keep_if is not None and keep_if(target):
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif target.exists():
+            # Replace an outdated folder: swap it out, then delete it.
             old = target.with_name(f".{target.name}.old.{os.getpid()}")
             os.replace(target, old)
             os.replace(tmp, target)
@@ -77,20 +85,34 @@ def building_dir(target: Path) -> Iterator[Path]:
         raise
 
 
+def is_current_build(folder: Path) -> bool:
+    """True if `folder` is a finished cached build made by this BUILD_FORMAT_VERSION."""
+    try:
+        marker = json.loads((folder / BUILD_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("version") == BUILD_FORMAT_VERSION \
+        and (folder / "config.json").is_file()
+
+
 def cached_build(name: str, build: Callable[[Path], object]) -> Path:
-    """The cached model folder `name`, built with `build(folder)` the first time it is asked for."""
+    """The cached model folder `name`, built with `build(folder)` the first time it is asked for.
+
+    A marker file records BUILD_FORMAT_VERSION; folders built by an older version are rebuilt.
+    """
     target = cache_dir("models") / name
-    if (target / "config.json").exists():
+    if is_current_build(target):
         return target
-    with building_dir(target) as tmp:
+    with building_dir(target, keep_if=is_current_build) as tmp:
         build(tmp)
+        write_json_atomic(tmp / BUILD_MARKER, {"version": BUILD_FORMAT_VERSION, "name": name})
     return target
 
 
 def tiny_random_dir(seed: int = 0) -> Path:
     from .tiny_model import make_tiny_model_dir
 
-    return cached_build(f"tiny-random-v{TINY_FORMAT_VERSION}-seed{seed}", lambda d: make_tiny_model_dir(d, seed))
+    return cached_build(f"tiny-random-seed{seed}", lambda d: make_tiny_model_dir(d, seed))
 
 
 def gemma_270m_dir(dtype: str | None = None) -> Path:

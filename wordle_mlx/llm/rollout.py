@@ -38,6 +38,7 @@ class RolloutConfig(SamplingConfig):
     max_invalid_replies: int = Field(3, ge=1, description="A game ends after this many invalid replies.")
     invalid_costs_turn: bool = Field(False, description="An invalid reply also uses up one of the guesses.")
     max_guesses: int = Field(MAX_GUESSES, ge=1, le=MAX_GUESSES, description="Guesses per game.")
+    max_turns: int | None = Field(None, ge=1, description="Stop each game after this many model turns (None: to the end).")
     prompt: PromptConfig = Field(default_factory=PromptConfig)
 
 
@@ -115,7 +116,8 @@ def _apply(game: _Game, prompt: list[int], reply: Completion, cfg: RolloutConfig
             state.max_guesses -= 1
     ep.turns.append(turn)
     game.texts.append(TurnText(reply=reply.text, guess=parsed.guess, pattern=turn.pattern, error=parsed.error))
-    game.done = state.won or len(state.guesses) >= state.max_guesses or ep.invalid_replies >= cfg.max_invalid_replies
+    game.done = (state.won or len(state.guesses) >= state.max_guesses or ep.invalid_replies >= cfg.max_invalid_replies
+                 or (cfg.max_turns is not None and len(ep.turns) >= cfg.max_turns))
 
 
 def play_games(model, tokenizer, games: Sequence[GameSpec], cfg: RolloutConfig, allowed_words: Collection[str],

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from .runlog import RunLog
-from .stats import HISTOGRAM_KEYS, cumulative_wins, histogram_percent, outcome_histogram, rolling_win_rate
+from .stats import HISTOGRAM_KEYS, cumulative_wins, is_noisy, histogram_percent, outcome_histogram, rolling_win_rate
 from .style import (SMOOTH_FROM, band, color, finish, integer_x, legend, line, new_figure, no_data, percent_y,
                     style_axes)
 
@@ -82,7 +82,8 @@ def rewards_chart(log: RunLog, window: int) -> Figure | None:
     if total:
         line(ax, total_steps, total, "total (reward_mean)", "black", smooth=True, linestyle="--", linewidth=1.3,
              raw=with_bands)
-    smoothed = len(total_steps) > SMOOTH_FROM or any(len(c[0]) > SMOOTH_FROM for c in components.values())
+    smoothed = any(len(steps) > SMOOTH_FROM and is_noisy(means)
+                   for steps, means in [(total_steps, total)] + [c[:2] for c in components.values()])
     notes = (["moving average"] if smoothed else []) + (["band = +-1 std"] if with_bands and components else [])
     title = "Reward components (mean per step" + "".join(f"; {n}" for n in notes) + ")"
     style_axes(ax, title, "step", "reward")

@@ -49,5 +49,5 @@ def compare_distribution_chart(series: list[Series]) -> Figure:
     ax.set_xticks(x, list(HISTOGRAM_KEYS))
     style_axes(ax, "Win distribution (% of each input's games)", "guesses to win", "share of games")
     percent_y(ax, 100.0)
-    legend(ax)
+    legend(ax, outside=True)
     return finish(fig, None, footnote(series))

@@ -176,6 +176,7 @@ class Series:
     outcomes: list[int] | None = None
     rates: dict[str, float | None] = field(default_factory=dict)
     footnote: str = ""
+    baseline_of: str | None = None  # for a baseline: the label of the eval it came from
 
     @property
     def games(self) -> int:
@@ -271,7 +272,10 @@ def load_series(path: str | Path, label: str | None, with_baselines: bool) -> li
     if isinstance(baselines, dict):
         for name, result in baselines.items():
             if isinstance(result, dict) and (result.get("game_records") or result.get("histogram")):
-                out.append(series_from_eval(result, f"{name} (baseline)", f"{path}: baselines.{name}"))
+                baseline = series_from_eval(result, f"{name} (baseline)", f"{path}: baselines.{name}")
+                baseline.baseline_of = main.label
+                baseline.footnote = ""  # its source is the eval above
+                out.append(baseline)
     return out
 
 

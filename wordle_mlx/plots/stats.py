@@ -76,15 +76,24 @@ def weighted_mean(values: Sequence[float | None], weights: Sequence[float]) -> f
 
 
 def centered_mean(y: np.ndarray, window: int) -> np.ndarray:
-    """Mean over a window of `window` points centred on each point (shrinking at the ends; no lag)."""
+    """Mean over the `window` points centred on each point (no lag), clipped to the series at its ends."""
     y = np.asarray(y, dtype=np.float64)
     n = len(y)
     csum = np.concatenate([[0.0], np.cumsum(y)])
-    half = max(0, window // 2)
     idx = np.arange(n)
-    start = np.maximum(0, idx - half)
-    stop = np.minimum(n, idx + half + 1)
+    half = max(0, window // 2)
+    start, stop = np.maximum(0, idx - half), np.minimum(n, idx + half + 1)
     return (csum[stop] - csum[start]) / (stop - start)
+
+
+def is_noisy(y: np.ndarray, threshold: float = 0.1) -> bool:
+    """True when the typical (median) step-to-step jump is large next to the overall spread: noise,
+    not a trend. A clean falling loss or an LR schedule has tiny typical jumps even if a few are big."""
+    y = np.asarray(y, dtype=np.float64)
+    if len(y) < 3:
+        return False
+    spread = float(np.std(y))
+    return spread > 0 and float(np.median(np.abs(np.diff(y)))) > threshold * spread
 
 
 def bucket_mean(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import os  # noqa: E402
+import textwrap  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Sequence  # noqa: E402
 
@@ -23,13 +24,14 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
 from ..fileio import atomic_path  # noqa: E402
-from .stats import bucket_mean, centered_mean  # noqa: E402
+from .stats import bucket_mean, centered_mean, is_noisy  # noqa: E402
 
 FIGSIZE = (8.0, 4.5)
 DPI = 100
 MARKER_LIMIT = 40      # series with at most this many points get markers
 SMOOTH_FROM = 150      # noisy series longer than this get a moving average over a faint raw line
 MAX_POINTS = 1500      # longer series are bucket-averaged down to this many points
+FOOTNOTE_WIDTH = 175   # characters per footnote line (two lines at most)
 RAW_POINTS = 400       # ... and the faint raw line under a moving average to this many (keeps PNGs small)
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
           "tab:gray", "tab:olive", "tab:cyan")
@@ -49,7 +51,8 @@ def line(ax, x: Sequence[float], y: Sequence[float], label: str | None, col: str
          linestyle: str = "-", linewidth: float = 1.6, raw: bool = True) -> None:
     """Draw one series legibly whatever its length (see module docstring).
 
-    `smooth`: a noisy series; when long, draw its moving average (and the faint raw line if `raw`).
+    `smooth`: a possibly noisy series; when long and noisy, draw its moving average (and the faint raw
+    line if `raw`); smooth trends (a falling SFT loss, a schedule) are drawn as they are.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -62,7 +65,7 @@ def line(ax, x: Sequence[float], y: Sequence[float], label: str | None, col: str
         ax.plot(x, y, linestyle=linestyle, marker="o", markersize=3.5, color=col, label=label,
                 linewidth=linewidth)
         return
-    if smooth and n > SMOOTH_FROM:
+    if smooth and n > SMOOTH_FROM and is_noisy(y):
         if raw:
             rx, ry = bucket_mean(x, y, RAW_POINTS)
             ax.plot(rx, ry, color=col, alpha=0.25, linewidth=0.7, rasterized=True)
@@ -122,9 +125,9 @@ def no_data(ax, title: str) -> None:
 def finish(fig: Figure, title: str | None, footnote: str) -> Figure:
     if title:
         fig.suptitle(title, fontsize=11)
-    note = footnote if len(footnote) <= 160 else footnote[:157] + "..."
-    fig.text(0.01, 0.012, note, fontsize=6.5, color="0.35", ha="left", va="bottom")
-    fig.tight_layout(rect=(0.0, 0.035, 1.0, 1.0))
+    lines = textwrap.wrap(footnote, width=FOOTNOTE_WIDTH, max_lines=2, placeholder=" ...") or [""]
+    fig.text(0.01, 0.012, "\n".join(lines), fontsize=6.5, color="0.35", ha="left", va="bottom")
+    fig.tight_layout(rect=(0.0, 0.01 + 0.025 * len(lines), 1.0, 1.0))
     return fig
 
 

@@ -75,6 +75,8 @@ def plot_run(cfg: PlotConfig) -> dict:
     log = load_run(path)
     out = resolve_path(cfg, cfg.out) if cfg.out else path.parent / "plots"
     drawn = [(name, chart(log, cfg.window)) for name, chart in RUN_CHARTS]
+    if all(fig is None for _, fig in drawn):
+        raise UserError(f"{path}: no games, rewards, losses or rates to plot in its step records")
     files = [str(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
     skipped = [name for name, fig in drawn if fig is None]
     if not cfg.json_output:
@@ -93,11 +95,15 @@ def _unique_series(series: list[Series]) -> list[Series]:
         if key not in seen:
             seen.add(key)
             kept.append(s)
+    repeated = {s.label for s in kept if sum(t.label == s.label for t in kept) > 1}
+    for s in kept:
+        if s.label in repeated and s.baseline_of:
+            s.label = f"{s.label[:-1]} of {s.baseline_of})" if s.label.endswith(")") else f"{s.label} ({s.baseline_of})"
     counts: dict[str, int] = {}
     for s in kept:
         counts[s.label] = counts.get(s.label, 0) + 1
         if counts[s.label] > 1:
-            s.label = f"{s.label} ({counts[s.label]})"
+            s.label = f"{s.label} #{counts[s.label]}"
     return kept
 
 

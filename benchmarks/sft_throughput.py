@@ -1,0 +1,88 @@
+"""SFT step throughput: our selected-positions loss against mlx-lm's `default_loss` on the same batches.
+
+Both compute cross-entropy on assistant tokens only; ours runs the model body, gathers the positions
+that carry loss and projects only those onto the vocabulary (`llm/sft_loss.py`), mlx-lm's projects
+every position. Each timed step is a full LoRA gradient computation (value_and_grad + eval) on the
+same batch, alternating ours/theirs so machine noise hits both alike. Tokens/s counts every real
+token in the batch (prompt included), as mlx-lm reports it. Last line: `speedup X.XX`.
+Usage: python benchmarks/sft_throughput.py [--model builtin:gemma-3-270m] [--data data/sft] [--steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+
+
+def main() -> None:
+    reexec_with_openblas()
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.tuner.trainer import default_loss
+
+    from wordle_mlx.llm import lora
+    from wordle_mlx.llm.models import load_model
+    from wordle_mlx.llm.sft_loss import loss_sum, make_batch
+    from wordle_mlx.stages.data import read_sft_jsonl
+    from wordle_mlx.stages.sft import tokenize
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="builtin:gemma-3-270m")
+    parser.add_argument("--data", default=str(ROOT / "data" / "sft"))
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--rank", type=int, default=8)
+    args = parser.parse_args()
+
+    model, tokenizer = load_model(args.model)
+    mx.random.seed(0)
+    lora.apply_lora(model, -1, lora.lora_parameters(args.rank, 20.0, 0.0, None))
+    records = read_sft_jsonl(Path(args.data) / "train.jsonl")[: args.batch_size * (args.steps + 1)]
+    seqs = tokenize(records, tokenizer, Path(args.data) / "train.jsonl")
+    groups = [seqs[i:i + args.batch_size] for i in range(0, len(seqs), args.batch_size)][: args.steps + 1]
+
+    ours_grad = nn.value_and_grad(model, loss_sum)
+    theirs_grad = nn.value_and_grad(model, default_loss)
+
+    def ours(group):
+        b = make_batch(group)
+        (s, n), g = ours_grad(model, b.inputs, b.positions, b.targets, b.weights)
+        mx.eval(s, n, g)
+        return (s / n).item(), b.length
+
+    def theirs(group):
+        width = 1 + 32 * ((max(len(t) for t, _ in group) + 31) // 32)   # as mlx-lm's iterate_batches pads
+        arr = [[*t, *([0] * (width - len(t)))] for t, _ in group]
+        lengths = mx.array([[off, len(t)] for t, off in group])
+        (loss, ntoks), g = theirs_grad(model, mx.array(arr), lengths)
+        mx.eval(loss, ntoks, g)
+        return loss.item(), sum(len(t) for t, _ in group)
+
+    model.train()
+    ours(groups[0]), theirs(groups[0])   # warm-up (first-call allocations)
+    rates = {"ours": [], "mlx-lm default_loss": []}
+    mean_len = statistics.mean(len(t) for g in groups[1:] for t, _ in g)
+    print(f"model {args.model}, batch {args.batch_size} x ~{mean_len:.0f} tokens, {args.steps} steps each, interleaved")
+    for step, group in enumerate(groups[1:], start=1):
+        for name, fn in (("ours", ours), ("mlx-lm default_loss", theirs)):
+            start = time.perf_counter()
+            loss, tokens = fn(group)
+            seconds = time.perf_counter() - start
+            rates[name].append(tokens / seconds)
+            print(f"step {step} {name:>20}: loss {loss:.4f}  {tokens / seconds:8.1f} tok/s  ({seconds:.2f} s)")
+    print(f"peak memory {mx.get_peak_memory() / 1e9:.2f} GB")
+    for name, values in rates.items():
+        print(f"{name:>20}: median {statistics.median(values):.1f} tok/s")
+    print(f"speedup {statistics.median(rates['ours']) / statistics.median(rates['mlx-lm default_loss']):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Tests for `wordle-mlx data` and the think-text writer: replay, splits, determinism, histogram, truthfulness."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import tempfile
+import unittest
+from pathlib import Path
+
+from wordle_mlx.config import load_config, validate_config
+from wordle_mlx.errors import UserError
+from wordle_mlx.game.feedback import feedback
+from wordle_mlx.game.knowledge import candidates, is_consistent
+from wordle_mlx.game.solver import Solver
+from wordle_mlx.game.splits import split_answers
+from wordle_mlx.game.thinking import check_candidates, split_groups, think_text
+from wordle_mlx.game.words import answers
+from wordle_mlx.stages import data
+from wordle_mlx.stages.entropy import load_table
+
+MARK = {"green": "G", "yellow": "Y", "grey": "X"}
+LINE_RE = re.compile(r"^\d+\. ([A-Z]{5}): (.*)$")
+
+
+def write_config(folder: Path, **fields) -> Path:
+    path = folder / "data.json"
+    path.write_text(json.dumps({"out": str(folder / "out"), "progress": False, **fields}))
+    return path
+
+
+def board_from_prompt(text: str) -> list[tuple[str, str]]:
+    """(guess, pattern) pairs read back from the user message, as a model would see them."""
+    board = []
+    for line in text.splitlines():
+        m = LINE_RE.match(line)
+        if m:
+            marks = [MARK[part.split("=")[1]] for part in m.group(2).split()]
+            board.append((m.group(1).lower(), "".join(marks)))
+    return board
+
+
+class DataGenerationTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        root = Path(cls.tmp.name)
+        cls.cfg_path = write_config(root, train_examples=60, valid_examples=20, think_style="full", turns_per_game=2)
+        cls.result = data.run(load_config(cls.cfg_path, data.DataConfig))
+        cls.out = Path(cls.result["out"])
+        cls.train = [json.loads(l) for l in (cls.out / "train.jsonl").read_text().splitlines()]
+        cls.valid = [json.loads(l) for l in (cls.out / "valid.jsonl").read_text().splitlines()]
+        cls.splits = split_answers(answers())
+        cls.allowed = set(load_table(show_progress=False).guesses)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_counts_and_stats(self):
+        self.assertEqual((len(self.train), len(self.valid)), (60, 20))
+        stats = json.loads((self.out / "stats.json").read_text())
+        self.assertEqual(stats["train"]["examples"], 60)
+        self.assertEqual(stats["replay_check"], {"records": 80, "passed": 80})
+        self.assertEqual(sum(stats["train"]["history_length_histogram"].values()), 60)
+        self.assertEqual(stats["split_sizes"], {k: len(v) for k, v in self.splits.items()})
+
+    def test_splits_disjoint_no_test_secret(self):
+        test = set(self.splits["test"])
+        for split, records in (("train", self.train), ("valid", self.valid)):
+            for r in records:
+                self.assertNotIn(r["meta"]["secret"], test)
+                self.assertIn(r["meta"]["secret"], self.splits[split])
+
+    def test_every_record_replays_through_the_engine(self):
+        for r in self.train + self.valid:
+            secret, history = r["meta"]["secret"], r["meta"]["history"]
+            last_user = [m for m in r["messages"] if m["role"] == "user"][-1]["content"]
+            board = board_from_prompt(last_user)
+            self.assertEqual([g for g, _ in board], history)
+            for guess, pattern in board:
+                self.assertEqual(pattern, feedback(guess, secret))
+            self.assertNotIn(secret, history)
+            target = re.search(r"<guess>([a-z]{5})</guess>$", r["messages"][-1]["content"]).group(1)
+            self.assertEqual(target, r["meta"]["target"])
+            self.assertIn(target, self.allowed)
+            self.assertNotIn(target, history)
+
+    def test_mlx_lm_chat_format(self):
+        for r in self.train:
+            self.assertEqual([m["role"] for m in r["messages"][:2]], ["system", "user"])
+            self.assertEqual(r["messages"][-1]["role"], "assistant")
+
+    def test_deterministic_byte_identical(self):
+        with tempfile.TemporaryDirectory() as other:
+            path = write_config(Path(other), train_examples=60, valid_examples=20, think_style="full", turns_per_game=2)
+            data.run(load_config(path, data.DataConfig))
+            for name in ("train.jsonl", "valid.jsonl", "stats.json"):
+                ours = (self.out / name).read_bytes()
+                theirs = (Path(other) / "out" / name).read_bytes()
+                if name == "stats.json":
+                    ours, theirs = (json.loads(x) for x in (ours, theirs))
+                self.assertEqual(ours, theirs, name)
+
+    def test_different_seed_differs(self):
+        with tempfile.TemporaryDirectory() as other:
+            path = write_config(Path(other), train_examples=60, valid_examples=20, think_style="full", turns_per_game=2, seed=1)
+            data.run(load_config(path, data.DataConfig))
+            self.assertNotEqual((self.out / "train.jsonl").read_bytes(), (Path(other) / "out" / "train.jsonl").read_bytes())
+
+    def test_few_candidates_target_is_a_candidate(self):
+        seen = 0
+        for r in self.train + self.valid:
+            history = [(g, feedback(g, r["meta"]["secret"])) for g in r["meta"]["history"]]
+            cands = candidates(answers(), history)
+            if len(cands) <= 3:
+                seen += 1
+                self.assertIn(r["meta"]["target"], cands)
+        self.assertGreater(seen, 0)
+
+
+class HistogramAndModesTest(unittest.TestCase):
+    def test_history_lengths_follow_k_weights(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_config(Path(tmp), mode="rl", train_examples=400, valid_examples=10,
+                                history={"k_weights": [0.25, 0.75]})
+            result = data.run(load_config(path, data.DataConfig))
+            hist = result["train"]["history_length_histogram"]
+            self.assertAlmostEqual(hist["0"] / 400, 0.25, delta=0.07)
+            self.assertAlmostEqual(hist["1"] / 400, 0.75, delta=0.07)
+            records = [json.loads(l) for l in (Path(tmp) / "out" / "rl_train.jsonl").read_text().splitlines()]
+            self.assertEqual(set(records[0]), {"secret", "history", "mode"})
+            test = set(split_answers(answers())["test"])
+            self.assertFalse({r["secret"] for r in records} & test)
+
+
+class ThinkTextTest(unittest.TestCase):
+    COUNT_RE = re.compile(r"(\d+) words fit: ([A-Z, ]+?)(?: and (\d+) more)?\.")
+
+    def test_think_text_is_truthful(self):
+        table = load_table(show_progress=False)
+        solver = Solver(table)
+        rng = random.Random(7)
+        words = list(table.answers)
+        checked = 0
+        for _ in range(60):
+            secret = rng.choice(words)
+            guesses = [rng.choice(words) for _ in range(rng.randint(1, 3))]
+            if secret in guesses:
+                continue
+            history = [(g, feedback(g, secret)) for g in guesses]
+            cands = candidates(words, history)
+            self.assertIsNone(check_candidates(history, cands, words))
+            guess = solver.next_guess(history)
+            for style in ("brief", "full"):
+                text = think_text(history, cands, guess, style)
+                if len(cands) == 1:
+                    self.assertIn(f"Only {cands[0].upper()} fits.", text)
+                    continue
+                m = self.COUNT_RE.search(text)
+                self.assertIsNotNone(m, text)
+                self.assertEqual(int(m.group(1)), len(cands))
+                named = [w.strip().lower() for w in m.group(2).split(",")]
+                for word in named:
+                    self.assertTrue(is_consistent(word, history), (word, history))
+                self.assertEqual(len(named) + int(m.group(3) or 0), len(cands))
+                if style == "full":
+                    groups = int(re.search(r"into (\d+) groups", text).group(1))
+                    self.assertEqual(groups, len({feedback(guess, c) for c in cands}))
+                    self.assertEqual("does not fit" in text, guess not in cands)
+                    for green in re.findall(r"([A-Z]) at (\d)", text):
+                        self.assertEqual(secret[int(green[1]) - 1], green[0].lower())
+                checked += 1
+        self.assertGreater(checked, 40)
+
+    def test_split_groups_and_none_style(self):
+        self.assertEqual(split_groups("crane", ["crane", "crate", "trace"]), 3)
+        self.assertIsNone(think_text([], ["crane"], "crane", "none"))
+
+
+class BadInputTest(unittest.TestCase):
+    def test_unknown_field(self):
+        with self.assertRaisesRegex(UserError, "think_styl: unknown field"):
+            validate_config({"think_styl": "brief"}, data.DataConfig, "x.json")
+
+    def test_invalid_values(self):
+        with self.assertRaisesRegex(UserError, "think_style"):
+            validate_config({"think_style": "long"}, data.DataConfig, "x.json")
+        with self.assertRaisesRegex(UserError, "require_think"):
+            validate_config({"think_style": "none"}, data.DataConfig, "x.json")
+        with self.assertRaisesRegex(UserError, "k_weights"):
+            validate_config({"history": {"k_weights": [-1, 1]}}, data.DataConfig, "x.json")
+
+    def test_jsonl_schema_error_names_line(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "train.jsonl"
+            good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+            path.write_text(json.dumps(good) + "\n" + json.dumps({"messages": [{"role": "robot", "content": 1}]}) + "\n")
+            with self.assertRaisesRegex(UserError, r"train\.jsonl:2: messages\[0\]"):
+                data.read_sft_jsonl(path)
+            path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+            with self.assertRaisesRegex(UserError, r":1: the last message must be the assistant"):
+                data.read_sft_jsonl(path)
+            with self.assertRaisesRegex(UserError, "file not found"):
+                data.read_sft_jsonl(Path(tmp) / "missing.jsonl")
+
+
+if __name__ == "__main__":
+    unittest.main()

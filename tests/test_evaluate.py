@@ -1,0 +1,133 @@
+"""`wordle-mlx eval` and `wordle-mlx play` on the tiny random model (fast)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+from wordle_mlx.config import load_config
+from wordle_mlx.errors import UserError
+from wordle_mlx.game.splits import split_words
+from wordle_mlx.stages import evaluate, play
+
+SUMMARY_KEYS = {"games", "wins", "win_rate", "win_rate_ci95", "mean_guesses_on_wins", "histogram", "format_error_rate",
+                "invalid_rate", "repeat_rate", "consistent_rate", "mean_completion_tokens", "tokens_per_second",
+                "tokens_per_game", "seconds", "game_records"}
+TOP_KEYS = {"kind", "model", "adapter", "split", "history", "temperature", "seed", "baselines"} | SUMMARY_KEYS
+
+
+def eval_cfg(**overrides):
+    base = {"model": "builtin:tiny-random", "games": 3, "rollout.max_tokens_per_turn": 8,
+            "rollout.max_invalid_replies": 2, "progress": False, "json_output": True}
+    base.update(overrides)
+    return load_config(None, evaluate.EvalConfig, base)
+
+
+def strip_timings(result: dict) -> dict:
+    out = {k: v for k, v in result.items() if k not in evaluate.TIMING_KEYS}
+    if "baselines" in out:
+        out["baselines"] = {name: strip_timings(b) for name, b in out["baselines"].items()}
+    return out
+
+
+class TestEval(unittest.TestCase):
+    def test_json_keys_determinism_and_solver_baseline(self):
+        first = evaluate.run(eval_cfg())
+        self.assertTrue(TOP_KEYS <= set(first), TOP_KEYS - set(first))
+        self.assertEqual(first["kind"], "eval")
+        self.assertEqual([g["secret"] for g in first["game_records"]], split_words("test")[:3])
+        self.assertEqual(set(first["histogram"]), {"1", "2", "3", "4", "5", "6", "lost"})
+        self.assertEqual(sum(first["histogram"].values()), 3)
+        solver = first["baselines"]["solver"]
+        self.assertTrue(SUMMARY_KEYS <= set(solver))
+        self.assertEqual(solver["win_rate"], 1.0)
+        self.assertTrue(0.0 < solver["consistent_rate"] <= 1.0)   # max-entropy probes need not fit the feedback
+        self.assertEqual(solver["format_error_rate"], 0.0)
+        self.assertNotIn("base_model", first["baselines"])
+        # the random tiny model never closes a <guess> tag: every turn is a format error at the length cap
+        self.assertEqual(first["format_error_rate"], 1.0)
+        self.assertEqual(first["mean_completion_tokens"], 8.0)
+        self.assertEqual(first["wins"], 0)
+        second = evaluate.run(eval_cfg())
+        self.assertEqual(strip_timings(first), strip_timings(second))
+
+    def test_seeded_history_out_file_and_solver_from_same_boards(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp, "sub", "eval.json")
+            result = evaluate.run(eval_cfg(history="seeded", games=6, seed=3, out=str(out)))
+            self.assertEqual(json.loads(out.read_text()), json.loads(json.dumps(result)))
+        seeded = [g["seeded"] for g in result["game_records"]]
+        self.assertTrue(any(seeded), seeded)
+        for model_game, solver_game in zip(result["game_records"], result["baselines"]["solver"]["game_records"]):
+            n = model_game["seeded"]
+            self.assertEqual(solver_game["seeded"], n)
+            self.assertEqual(model_game["guesses"][:n], solver_game["guesses"][:n])
+        self.assertEqual(result["baselines"]["solver"]["win_rate"], 1.0)
+        again = evaluate.run(eval_cfg(history="seeded", games=6, seed=3, baselines=False))
+        self.assertEqual([g["guesses"] for g in again["game_records"]], [g["guesses"] for g in result["game_records"]])
+        self.assertNotIn("baselines", again)
+
+    def test_timeout_names_unfinished_game(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp, "eval.json")
+            with self.assertRaisesRegex(UserError, r"timed out .* game 0 \(secret"):
+                evaluate.run(eval_cfg(timeout=1e-9, out=str(out)))
+            partial = json.loads(out.read_text())
+        self.assertTrue(partial["timed_out"])
+        self.assertEqual(len(partial["unfinished"]), 3)
+
+    def test_bad_inputs(self):
+        with self.assertRaisesRegex(UserError, "split"):
+            eval_cfg(split="holdout")
+        with self.assertRaisesRegex(UserError, "more than the 200 words"):
+            evaluate.run(eval_cfg(games=201))
+
+    def test_wilson_interval(self):
+        self.assertEqual(evaluate.wilson_interval(61, 200), [0.2454, 0.372])
+        self.assertEqual(evaluate.wilson_interval(0, 3)[0], 0.0)
+        self.assertEqual(evaluate.wilson_interval(3, 3)[1], 1.0)
+
+
+class TestPlay(unittest.TestCase):
+    def play_cfg(self, **overrides):
+        base = {"model": "builtin:tiny-random", "rollout.max_tokens_per_turn": 6, "rollout.max_invalid_replies": 2}
+        base.update(overrides)
+        return load_config(None, play.PlayConfig, base)
+
+    def test_human_game_with_rejections_and_hints(self):
+        inputs = iter(["abc", "zzzzz", "?", "slate", "CRANE"])
+        printed: list[str] = []
+        result = play.run(self.play_cfg(secret="crane", human=True), input_fn=lambda _: next(inputs),
+                          print_fn=lambda *a: printed.append(" ".join(map(str, a))))
+        self.assertEqual(result, {"secret": "crane", "won": True, "guesses": ["slate", "crane"]})
+        text = "\n".join(printed)
+        self.assertIn("has 3 letters", text)
+        self.assertIn("not in the allowed word list", text)
+        self.assertIn("model suggests:", text)
+        self.assertIn("solver suggests: ", text)
+        self.assertIn("you won in 2", text)
+
+    def test_human_gives_up_on_end_of_input(self):
+        def no_input(_):
+            raise EOFError
+
+        result = play.run(self.play_cfg(secret="crane", human=True), input_fn=no_input, print_fn=lambda *a: None)
+        self.assertEqual(result["guesses"], [])
+        self.assertFalse(result["won"])
+
+    def test_model_game_shows_turns(self):
+        printed: list[str] = []
+        result = play.run(self.play_cfg(seed=4), print_fn=lambda *a: printed.append(" ".join(map(str, a))))
+        self.assertIn(result["secret"], split_words("test"))
+        self.assertEqual(result["invalid_replies"], 2)
+        self.assertEqual(sum("invalid reply" in line for line in printed), 2)
+
+    def test_bad_secret(self):
+        with self.assertRaisesRegex(UserError, "--secret"):
+            play.run(self.play_cfg(secret="xyzzy"))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,284 @@
+"""Tests for GRPO: advantages, packing and masks, the loss, learning a toy reward, NaN handling, exact resume."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+
+import mlx.core as mx
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+
+from wordle_mlx.config import validate_config
+from wordle_mlx.llm import grpo_step
+from wordle_mlx.llm.episode import TokenSequence
+from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
+from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, group_advantages, grpo_loss,
+                                      lora_disabled, pack_batch, selected_logprobs)
+from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
+from wordle_mlx.llm.lora import apply_lora, lora_parameters
+from wordle_mlx.llm.models import load_model
+from wordle_mlx.metrics import read_jsonl
+from wordle_mlx.stages import grpo as stage
+
+
+def tiny_policy(seed: int = 0):
+    mx.random.seed(seed)
+    model, tok = load_model("builtin:tiny-random")
+    apply_lora(model, -1, lora_parameters(4, 10.0, 0.0, None))
+    return model, tok
+
+
+def sample_items(model, tok, prompt, groups: int, g: int, max_tokens: int, reward_fn):
+    gen = BatchedGenerator(model, tok)
+    items = []
+    for group in range(groups):
+        for c in gen([prompt] * g, SamplingConfig(temperature=1.0, max_tokens_per_turn=max_tokens)):
+            seq = TokenSequence(list(prompt) + c.tokens, [0] * len(prompt) + [1] * len(c.tokens),
+                                [0.0] * len(prompt) + c.logprobs)
+            items.append(ScoredItem([seq], group, float(reward_fn(c.tokens)), {}))
+    return items
+
+
+def stage_config(logs: str, **training) -> stage.GRPOConfig:
+    data = {"model": {"name": "builtin:tiny-random"}, "lora": {"rank": 4, "scale": 10.0},
+            "training": {"steps": 3, "batch_prompts": 2, "learning_rate": 1e-3, "checkpoint_every": 0, "seed": 3,
+                         **training},
+            "rl": {"num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 2,
+                   "prompt": {"require_think": False}},
+            # a small length penalty makes rewards differ within groups even for a random model
+            "reward": {"length": 0.02, "early": 1.2},
+            "validation": {"every": 0}, "logs_dir": logs, "run_name": "run", "progress": False}
+    return validate_config(data, stage.GRPOConfig, "test")
+
+
+REAL_ROLLOUT = grpo_step.rollout_episode_mode
+
+
+def spread_rollout(*args, **kwargs):
+    """The real episode rollout, with rewards nudged apart so that no group has zero variance."""
+    out = REAL_ROLLOUT(*args, **kwargs)
+    for i, item in enumerate(out.items):
+        item.reward += 0.01 * i
+    return out
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    return [r for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+class Advantages(unittest.TestCase):
+    def test_normalised_centred_and_skipped(self):
+        adv, skipped = group_advantages([1.0, 3.0, 2.0, 2.0, 5.0, 5.0], [0, 0, 1, 1, 2, 2])
+        self.assertEqual(skipped, 2)
+        np.testing.assert_allclose(adv, [-1.0 / (1.0 + 1e-4), 1.0 / (1.0 + 1e-4), 0, 0, 0, 0], rtol=1e-9)
+        adv, _ = group_advantages([1.0, 3.0, 0.5], [0, 0, 1], scale=False)
+        np.testing.assert_allclose(adv, [-1.0, 1.0, 0.0])
+
+    def test_equal_floats_are_exactly_zero(self):
+        adv, skipped = group_advantages([0.1, 0.1, 0.1], [4, 4, 4])
+        self.assertEqual((adv.tolist(), skipped), ([0.0, 0.0, 0.0], 1))
+
+    def test_nonfinite_reward_raises(self):
+        with self.assertRaises(ValueError):
+            group_advantages([1.0, float("nan")], [0, 0])
+
+
+class Packing(unittest.TestCase):
+    def test_positions_targets_masks(self):
+        a = TokenSequence([5, 6, 7, 8, 9], [0, 0, 1, 1, 1], [0, 0, -0.1, -0.2, -0.3])
+        b = TokenSequence([5, 6, 10, 11], [0, 0, 0, 1], [0, 0, 0, -0.4])
+        w = averaging_weights([3, 1], "token")
+        batch = pack_batch([a, b], [0.5, -1.0], w)
+        self.assertEqual(batch.inputs.shape, (2, 4))
+        self.assertEqual(batch.inputs.tolist(), [[5, 6, 7, 8], [5, 6, 10, 0]])
+        self.assertEqual(batch.positions.tolist(), [1, 2, 3, 4 + 2])       # input position t predicts t + 1
+        self.assertEqual(batch.targets.tolist(), [7, 8, 9, 11])
+        np.testing.assert_allclose(batch.old_logprobs, [-0.1, -0.2, -0.3, -0.4])
+        np.testing.assert_allclose(batch.advantages, [0.5, 0.5, 0.5, -1.0])
+        np.testing.assert_allclose(batch.weights, [0.25] * 4)
+        seq_w = np.concatenate(averaging_weights([3, 1], "sequence"))
+        np.testing.assert_allclose(seq_w, [1 / 6, 1 / 6, 1 / 6, 0.5])
+
+    def test_episode_sequences_mask_only_model_tokens(self):
+        from wordle_mlx.game.state import GameState
+        from wordle_mlx.llm.episode import Episode, Turn
+
+        ep = Episode("crane", [], GameState("crane"), [Turn([1, 2, 3], [4, 5], [-0.1, -0.2], "", None, "missing_guess"),
+                                                      Turn([1, 2, 6, 7], [8], [-0.3], "", None, "missing_guess")])
+        batch = pack_batch(ep.token_sequences(), [1.0, 1.0], averaging_weights([2, 1], "token"))
+        self.assertEqual(batch.targets.tolist(), [4, 5, 8])
+
+
+class LossOnTinyModel(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model, cls.tok = tiny_policy(0)
+        cls.prompt = cls.tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+
+    def test_rollout_logprobs_match_recomputed(self):
+        mx.random.seed(1)
+        items = sample_items(self.model, self.tok, self.prompt, 1, 4, 6, lambda t: 0.0)
+        seqs = [it.sequences[0] for it in items]
+        batch = pack_batch(seqs, [0.0] * 4, averaging_weights([sum(s.mask) for s in seqs], "token"))
+        arrays = batch_arrays(batch)
+        new = selected_logprobs(self.model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.0)
+        np.testing.assert_allclose(np.array(new), batch.old_logprobs, atol=2e-4)
+
+    def test_gradient_is_zero_when_rewards_are_equal(self):
+        mx.random.seed(2)
+        items = sample_items(self.model, self.tok, self.prompt, 2, 4, 6, lambda t: 0.0)
+        for it in items:
+            it.reward = 0.3 if it.group == 0 else 0.7          # equal within every group
+        adv, skipped = group_advantages([it.reward for it in items], [it.group for it in items])
+        self.assertEqual(skipped, 2)
+        seqs = [it.sequences[0] for it in items]
+        arrays = batch_arrays(pack_batch(seqs, adv.tolist(), averaging_weights([sum(s.mask) for s in seqs], "token")))
+        import mlx.nn as nn
+
+        (loss, _), grads = nn.value_and_grad(self.model, lambda a: grpo_loss(self.model, a, LossSettings()))(arrays)
+        self.assertEqual(loss.item(), 0.0)
+        leaves = [v for _, v in tree_flatten(grads)]
+        self.assertTrue(leaves)
+        self.assertTrue(all(float(mx.abs(v).max()) == 0.0 for v in leaves))
+        before = {k: np.array(v) for k, v in tree_flatten(self.model.trainable_parameters())}
+        result = policy_update(self.model, optim.Adam(learning_rate=1e-2), items, UpdateSettings(LossSettings()))
+        self.assertEqual((result.applied, result.skipped_groups, result.trained_tokens), (False, 2, 0))
+        after = dict(tree_flatten(self.model.trainable_parameters()))
+        self.assertTrue(all(np.array_equal(before[k], np.array(after[k])) for k in before))
+
+    def test_reference_is_model_with_lora_off(self):
+        model, tok = tiny_policy(5)
+        for _, m in model.named_modules():
+            if hasattr(m, "lora_b"):
+                m.lora_b = mx.random.normal(m.lora_b.shape) * 0.1
+        inputs = mx.array([self.prompt])
+        with_lora = model(inputs)
+        with lora_disabled(model) as n:
+            base = model(inputs)
+        self.assertGreater(n, 0)
+        plain, _ = load_model("builtin:tiny-random")
+        np.testing.assert_allclose(np.array(base), np.array(plain(inputs)), atol=1e-5)
+        self.assertGreater(float(mx.abs(with_lora - base).max()), 1e-3)
+        np.testing.assert_allclose(np.array(model(inputs)), np.array(with_lora), atol=1e-6)   # scale restored
+
+
+class ToyReward(unittest.TestCase):
+    def test_reward_rises(self):
+        """Reward = share of the first 4 tokens that are lowercase letters (~7% for the random model)."""
+        model, tok = tiny_policy(0)
+        letters = {tok.get_vocab()[c] for c in "abcdefghijklmnopqrstuvwxyz"}
+        prompt = tok.apply_chat_template([{"role": "user", "content": "say letters"}], add_generation_prompt=True)
+        opt = optim.Adam(learning_rate=3e-3)
+        means = []
+        for step in range(24):
+            mx.random.seed(100 + step)
+            items = sample_items(model, tok, prompt, 2, 8, 4, lambda t: sum(x in letters for x in t) / 4)
+            means.append(np.mean([it.reward for it in items]))
+            policy_update(model, opt, items, UpdateSettings(LossSettings(beta=0.01)))
+        self.assertLess(np.mean(means[:3]), 0.3)
+        self.assertGreater(np.mean(means[-5:]), 0.7)
+
+
+class Stage(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def test_metrics_checkpoints_and_adapters(self):
+        cfg = stage_config(self.tmp.name, checkpoint_every=2)
+        result = stage.run(cfg)
+        run_dir = Path(self.tmp.name) / "run"
+        recs = train_records(run_dir)
+        self.assertEqual([r["step"] for r in recs], [1, 2, 3])
+        for key in ("lr", "loss", "kl", "grad_norm", "reward_mean", "reward_std", "win_rate", "mean_guesses",
+                    "format_error_rate", "invalid_rate", "repeat_rate", "skipped_groups", "nonfinite_skips",
+                    "tokens_generated", "rollout_seconds", "update_seconds", "peak_memory_gb"):
+            self.assertIn(key, recs[0])
+        self.assertEqual(set(recs[0]["rewards"]), {"win", "early", "format", "valid", "consistent", "info_gain",
+                                                  "repeat", "length"})
+        self.assertEqual(len(recs[0]["games"]), 2 * 3)
+        self.assertTrue((run_dir / "checkpoints" / "step_000002" / "optimizer.safetensors").is_file())
+        self.assertTrue((run_dir / "adapters" / "adapters.safetensors").is_file())
+        self.assertEqual(result["step"], 3)
+        load_model("builtin:tiny-random", adapter_path=run_dir / "adapters")     # loads as an mlx-lm adapter
+
+    def test_nonfinite_loss_is_skipped_then_stops(self):
+        def nan_loss(model, arrays, settings, ref=None):
+            loss, stats = grpo_loss(model, arrays, settings, ref)
+            return loss * float("nan"), stats
+
+        cfg = stage_config(self.tmp.name, steps=5, max_nonfinite_in_a_row=2)
+        run_dir = Path(self.tmp.name) / "run"
+        with mock.patch.object(grpo_step, "grpo_loss", nan_loss), \
+                mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+            with self.assertRaisesRegex(stage.NonFiniteStop, "not finite 2 steps in a row"):
+                stage.run(cfg)
+        recs = train_records(run_dir)
+        self.assertEqual([r["nonfinite_skips"] for r in recs], [1, 2])
+        self.assertTrue((run_dir / "checkpoints" / "step_000002" / "adapters.safetensors").is_file())
+        saved = mx.load(str(run_dir / "checkpoints" / "step_000002" / "adapters.safetensors"))
+        model, _ = tiny_policy(0)
+        fresh = {k: v for k, v in tree_flatten(model.trainable_parameters()) if k.endswith("lora_b")}
+        self.assertTrue(all(float(mx.abs(saved[k]).max()) == 0.0 for k in fresh))      # no update was applied
+
+    def test_resume_gives_the_same_next_step(self):
+        uninterrupted = Path(self.tmp.name) / "a"
+        with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+            stage.run(stage_config(str(uninterrupted), steps=2, batch_prompts=1))
+        expected = train_records(uninterrupted / "run")[1]
+
+        calls = {"n": 0}
+        def interrupt_third(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise KeyboardInterrupt
+            return spread_rollout(*args, **kwargs)
+
+        logs = Path(self.tmp.name) / "b"
+        with mock.patch.object(grpo_step, "rollout_episode_mode", interrupt_third):
+            result = stage.run(stage_config(str(logs), steps=2, batch_prompts=1))
+        self.assertEqual((result["step"], result["stopped"]), (1, "interrupted"))
+        cfg = stage_config(str(logs), steps=2, batch_prompts=1)
+        cfg.resume = str(logs / "run")
+        with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+            stage.run(cfg)
+        got = train_records(logs / "run")
+        self.assertEqual([r["step"] for r in got], [1, 2])
+        self.assertNotEqual(expected["loss"], 0.0)
+        for key in ("games", "reward_mean", "rewards", "tokens_generated", "lr"):
+            self.assertEqual(got[1][key], expected[key], key)
+        for key in ("loss", "grad_norm"):
+            self.assertAlmostEqual(got[1][key], expected[key], places=6, msg=key)
+        runs = [r for _, r in read_jsonl(logs / "run" / "metrics.jsonl") if r["kind"] == "run"]
+        self.assertEqual([r["resumed_from_step"] for r in runs], [None, 1])
+
+    def test_turn_mode_groups(self):
+        model, tok = tiny_policy(0)
+        from wordle_mlx.game.rewards import RewardWeights, Rewards
+        from wordle_mlx.game.words import answers, guess_list
+        from wordle_mlx.llm.rollout import GameSpec
+
+        cfg = stage_config(self.tmp.name)
+        rcfg = stage.rollout_config(cfg, 1.0, 0)
+        rewards = Rewards(RewardWeights(length=0.02, early=1.2), answers())
+        out = grpo_step.rollout_turn_mode(model, tok, [GameSpec("crane"), GameSpec("pious", ["slate"])], 4, rcfg,
+                                          frozenset(guess_list()), rewards, BatchedGenerator(model, tok))
+        self.assertEqual(len(out.episodes), 2)
+        turns = sum(len(ep.turns) for ep in out.episodes)
+        self.assertEqual(len(out.items), 4 * turns)
+        sizes = {}
+        for it in out.items:
+            sizes[it.group] = sizes.get(it.group, 0) + 1
+            self.assertEqual(len(it.sequences), 1)
+        self.assertEqual(set(sizes.values()), {4})
+        self.assertEqual(len(sizes), turns)
+
+
+if __name__ == "__main__":
+    unittest.main()

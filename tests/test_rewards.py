@@ -1,0 +1,180 @@
+"""Tests for game/rewards.py: component values, the reward invariants (property tests), and misconfiguration."""
+
+from __future__ import annotations
+
+import math
+import random
+import unittest
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from wordle_mlx.game.feedback import feedback
+from wordle_mlx.game.knowledge import candidates
+from wordle_mlx.game.rewards import COMPONENTS, ReplyKind, RewardWeights, Rewards, TurnFacts
+from wordle_mlx.game.words import answers, guess_list
+
+ANSWERS = answers()
+GUESSES = guess_list()
+REWARDS = Rewards(RewardWeights(), ANSWERS)
+
+
+def board(secret: str, guesses: list[str]) -> tuple:
+    return tuple((g, feedback(g, secret)) for g in guesses)
+
+
+def facts(secret, guesses, kind, guess=None, tokens=10, max_tokens=100):
+    return TurnFacts(secret, board(secret, guesses), kind, guess, tokens, max_tokens)
+
+
+# weights that pass the checks, drawn around the defaults (draws the checks refuse are discarded)
+@st.composite
+def weights_strategy(draw):
+    f, v, c, i, r, l = (draw(st.floats(0.01, 0.3)) for _ in range(6))
+    try:
+        return RewardWeights(win=1.0, early=5 * (2 * f + v + c + i + l) + 0.01, format=f, valid=v, consistent=c,
+                             info_gain=i, repeat=max(r, l), length=min(l, v))
+    except ValueError:
+        assume(False)
+
+
+history_strategy = st.tuples(st.sampled_from(ANSWERS), st.lists(st.sampled_from(GUESSES[:3000]), max_size=4))
+
+
+class ComponentValues(unittest.TestCase):
+    def test_valid_consistent_new_word(self):
+        secret, guesses = "crane", ["slate"]
+        hist = board(secret, guesses)
+        cands = candidates(ANSWERS, hist)
+        self.assertIn("crane", cands)
+        v = REWARDS.turn_values(facts(secret, guesses, ReplyKind.VALID, "crane"))
+        self.assertEqual((v["format"], v["valid"], v["consistent"], v["repeat"]), (1.0, 1.0, 1.0, 0.0))
+        self.assertTrue(0.0 < v["info_gain"] <= 1.0)
+        self.assertAlmostEqual(v["length"], -0.1)
+
+    def test_info_gain_is_normalised_entropy(self):
+        v = REWARDS.turn_values(facts("crane", [], ReplyKind.VALID, "soare"))
+        # soare splits the 2,315 answers into ~5.89 bits out of log2(2315) ~ 11.18
+        self.assertAlmostEqual(v["info_gain"] * math.log2(len(ANSWERS)), 5.88596, places=4)
+
+    def test_repeated_word(self):
+        v = REWARDS.turn_values(facts("crane", ["slate", "pious"], ReplyKind.VALID, "slate"))
+        self.assertEqual((v["repeat"], v["info_gain"], v["consistent"], v["valid"]), (-1.0, 0.0, 0.0, 1.0))
+
+    def test_format_error_and_not_a_word(self):
+        fe = REWARDS.turn_values(facts("crane", [], ReplyKind.FORMAT_ERROR))
+        nw = REWARDS.turn_values(facts("crane", [], ReplyKind.NOT_A_WORD))
+        self.assertEqual((fe["format"], fe["valid"], fe["info_gain"]), (-1.0, 0.0, 0.0))
+        self.assertEqual((nw["format"], nw["valid"], nw["info_gain"]), (1.0, 0.0, 0.0))
+
+    def test_turn_mode_win_and_early(self):
+        v = REWARDS.turn_mode_values(facts("crane", ["slate"], ReplyKind.VALID, "crane"))
+        self.assertEqual(v["win"], 1.0)
+        self.assertAlmostEqual(v["early"], (6 - 2) / 5)
+        lose = REWARDS.turn_mode_values(facts("crane", ["slate"], ReplyKind.VALID, "crate"))
+        self.assertEqual((lose["win"], lose["early"]), (0.0, 0.0))
+
+    def test_game_values_average_turns(self):
+        turns = [facts("crane", [], ReplyKind.FORMAT_ERROR), facts("crane", [], ReplyKind.VALID, "crane")]
+        v = REWARDS.game_values(turns, won=True, guesses=1)
+        self.assertEqual((v["win"], v["early"], v["format"]), (1.0, 1.0, 0.0))
+        self.assertEqual(set(v), set(COMPONENTS))
+
+
+class Invariants(unittest.TestCase):
+    @settings(max_examples=60, deadline=None)
+    @given(weights_strategy(), history_strategy, st.sampled_from(GUESSES[:3000]), st.integers(0, 100), st.integers(0, 100))
+    def test_format_failure_is_worst(self, w, hist, guess, tok_a, tok_b):
+        secret, guesses = hist
+        if secret in guesses:
+            return
+        r = Rewards(w, ANSWERS)
+        bad = r.total(r.turn_mode_values(facts(secret, guesses, ReplyKind.FORMAT_ERROR, None, tok_a)))
+        for kind, g in ((ReplyKind.VALID, guess), (ReplyKind.NOT_A_WORD, None),
+                        (ReplyKind.VALID, guesses[0] if guesses else guess)):
+            other = r.total(r.turn_mode_values(facts(secret, guesses, kind, g, tok_b)))
+            self.assertLess(bad, other, (kind, g))
+
+    @settings(max_examples=60, deadline=None)
+    @given(weights_strategy(), history_strategy, st.sampled_from(GUESSES[:3000]), st.integers(0, 100), st.integers(0, 100))
+    def test_invalid_or_repeated_never_above_valid_new(self, w, hist, guess, tok_a, tok_b):
+        secret, guesses = hist
+        if secret in guesses or guess in guesses:
+            return
+        r = Rewards(w, ANSWERS)
+        new = r.total(r.turn_values(facts(secret, guesses, ReplyKind.VALID, guess, tok_b)))
+        invalid = r.total(r.turn_values(facts(secret, guesses, ReplyKind.NOT_A_WORD, None, tok_a)))
+        self.assertLessEqual(invalid, new + 1e-12)
+        if guesses:
+            repeated = r.total(r.turn_values(facts(secret, guesses, ReplyKind.VALID, guesses[-1], tok_a)))
+            self.assertLessEqual(repeated, new + 1e-12)
+
+    @settings(max_examples=60, deadline=None)
+    @given(weights_strategy(), st.integers(1, 5), st.data())
+    def test_fewer_guesses_never_below_more(self, w, n_short, data):
+        r = Rewards(w, ANSWERS)
+        n_long = data.draw(st.integers(n_short + 1, 6))
+        rng = random.Random(data.draw(st.integers(0, 10 ** 6)))
+        secret = rng.choice(ANSWERS)
+
+        def won_game(n):
+            played = [g for g in rng.sample(GUESSES[:3000], n + 2) if g != secret][:n - 1]
+            turns = []
+            for i in range(n):
+                for _ in range(rng.randrange(3)):     # some invalid replies along the way
+                    turns.append(facts(secret, played[:i], rng.choice([ReplyKind.FORMAT_ERROR, ReplyKind.NOT_A_WORD]),
+                                       None, rng.randrange(101)))
+                g = played[i] if i < n - 1 else secret
+                turns.append(facts(secret, played[:i], ReplyKind.VALID, g, rng.randrange(101)))
+            return r.total(r.game_values(turns, won=True, guesses=n))
+
+        self.assertGreaterEqual(won_game(n_short) + 1e-12, won_game(n_long))
+
+
+class Misconfiguration(unittest.TestCase):
+    def test_negative_nan_unknown(self):
+        with self.assertRaisesRegex(ValueError, "repeat must be >= 0"):
+            RewardWeights(repeat=-0.1)
+        with self.assertRaisesRegex(ValueError, "finite"):
+            RewardWeights(info_gain=float("nan"))
+        with self.assertRaisesRegex(ValueError, "unknown reward component 'speed'"):
+            RewardWeights.from_dict({"speed": 1.0})
+
+    def test_weights_that_break_invariants(self):
+        with self.assertRaisesRegex(ValueError, "format must be > 0"):
+            RewardWeights(format=0.0)
+        with self.assertRaisesRegex(ValueError, "win must be > 0"):
+            RewardWeights(win=0.0)
+        with self.assertRaisesRegex(ValueError, "early .* too small"):
+            RewardWeights(early=0.1)
+        with self.assertRaisesRegex(ValueError, "format error"):
+            RewardWeights(format=0.01, repeat=0.5, early=5.0)
+        with self.assertRaisesRegex(ValueError, "length"):
+            RewardWeights(length=0.04, early=2.0)
+
+    def test_failures_raise_not_zero(self):
+        with self.assertRaisesRegex(ValueError, "5-letter guess"):
+            REWARDS.turn_values(facts("crane", [], ReplyKind.VALID, None))
+        with self.assertRaisesRegex(ValueError, "not finite"):
+            REWARDS.total({"win": float("nan")})
+        with self.assertRaisesRegex(ValueError, "unknown reward component"):
+            REWARDS.total({"bonus": 1.0})
+        with self.assertRaisesRegex(ValueError, "1..6 guesses"):
+            REWARDS.early_value(True, 7)
+        with self.assertRaisesRegex(ValueError, "already over"):
+            REWARDS.turn_values(facts("crane", ["slate", "pious", "dumpy", "fight", "block", "wreck"],
+                                      ReplyKind.NOT_A_WORD))
+
+    def test_stage_config_rejects_bad_reward(self):
+        from wordle_mlx.config import validate_config
+        from wordle_mlx.errors import UserError
+        from wordle_mlx.stages.grpo import GRPOConfig
+
+        with self.assertRaisesRegex(UserError, r"reward.*repeat must be >= 0"):
+            validate_config({"reward": {"repeat": -1}}, GRPOConfig, "cfg.json")
+        with self.assertRaisesRegex(UserError, r"cfg.json: reward.bonus: unknown field"):
+            validate_config({"reward": {"bonus": 1}}, GRPOConfig, "cfg.json")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,432 @@
+"""`wordle-mlx train`: GRPO with LoRA that plays complete Wordle games every step.
+
+Each step draws B prompts (a train-split secret and a seeded board, generated on the fly with
+`seeding.seed_history` or read from `rl_train.jsonl`), rolls them out G times in one lockstep batch
+(`episode` mode) or samples G replies per turn of one trajectory (`turn` mode), scores them with
+`game/rewards.py`, and makes one clipped-ratio policy-gradient update of the LoRA weights
+(`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch (so the
+ratio is 1 up to numerics and clipping rarely binds), zero-variance groups are dropped rather than
+trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
+The model starts from the base weights or from an SFT adapter (`model.adapter`, whose LoRA layout it
+keeps). The run folder `logs/<run>/` gets `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`,
+`train`, `valid`), atomic checkpoints (adapters, optimizer, RNG state, prompt cursor) every N steps,
+and the final mlx-lm adapter in `adapters/`. `resume` continues a run exactly: the same next prompts
+and the same sampling seeds. Ctrl-C saves a checkpoint and exits cleanly; K non-finite steps in a row
+save a checkpoint and stop with a message. Validation plays the same valid-split words greedily every
+N steps; `early_stopping_patience` stops when its win rate has not improved for that many passes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from ..config import StrictModel, config_hash, resolve_path
+from ..errors import UserError
+from ..fileio import write_json_atomic
+from ..game.rewards import RewardWeights, Rewards
+from ..game.seeding import HistoryPolicy, seed_history
+from ..game.solver import Solver
+from ..game.splits import split_words
+from ..game.words import answers, guess_list
+from ..metrics import MetricsWriter
+from ..progress import console, progress_bar
+from .entropy import load_table
+from ..llm.prompts import PromptConfig
+from ..llm.rollout import GameSpec, RolloutConfig
+
+
+class ModelSection(StrictModel):
+    name: str = Field("builtin:gemma-3-270m", description="Model spec (see llm/models.py).")
+    adapter: str | None = Field(None, description="SFT adapter folder to start from (relative to the config file).")
+    dtype: str | None = None
+
+
+class LoraSection(StrictModel):
+    rank: int = Field(8, ge=1)
+    scale: float = Field(20.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    num_layers: int = Field(-1, ge=-1, description="Last N blocks get LoRA; -1 = all. Ignored with model.adapter.")
+    keys: list[str] | None = None
+
+
+class TrainingSection(StrictModel):
+    steps: int = Field(100, ge=1)
+    batch_prompts: int = Field(2, ge=1, description="B: prompts per step.")
+    learning_rate: float = Field(1e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    min_learning_rate: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")
+    max_tokens_per_microbatch: int = Field(4096, ge=16, description="Padded tokens per forward/backward pass.")
+    checkpoint_every: int = Field(10, ge=0, description="0 = only at the end.")
+    keep_checkpoints: int = Field(3, ge=1)
+    max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
+    seed: int = 0
+
+
+class RLSection(StrictModel):
+    mode: Literal["episode", "turn"] = "episode"
+    num_generations: int = Field(8, ge=2, description="G: games (episode) or replies (turn) per group.")
+    max_completion_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    max_turns: int = Field(6, ge=1, le=6, description="Guesses per game.")
+    max_invalid_replies: int = Field(3, ge=1)
+    invalid_costs_turn: bool = False
+    completion_batch_size: int = Field(64, ge=1)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+
+
+class PromptsSection(StrictModel):
+    source: Literal["generate", "file"] = "generate"
+    path: str | None = Field(None, description="rl_train.jsonl from `wordle-mlx data` when source is 'file'.")
+    k_weights: list[float] = Field([0.2, 0.2, 0.2, 0.2, 0.2], description="P(k seeded guesses), k = 0, 1, ...")
+    solver: float = 0.4
+    random: float = 0.45
+    mistake: float = 0.15
+
+    @model_validator(mode="after")
+    def _check(self) -> "PromptsSection":
+        if self.source == "file" and not self.path:
+            raise ValueError("prompts.path is required when prompts.source is 'file'")
+        HistoryPolicy(tuple(self.k_weights), self.solver, self.random, self.mistake)
+        return self
+
+
+class GRPOSection(StrictModel):
+    epsilon: float = Field(0.2, gt=0, lt=1)
+    epsilon_high: float | None = Field(None, gt=0)
+    beta: float = Field(0.0, ge=0, description="KL weight to the reference (the model with LoRA off).")
+    averaging: Literal["token", "sequence"] = "token"
+    advantage: Literal["normalized", "centered"] = "normalized"
+    resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")
+
+
+class RewardSection(StrictModel):
+    win: float = 1.0
+    early: float = 1.0
+    format: float = 0.05
+    valid: float = 0.02
+    consistent: float = 0.03
+    info_gain: float = 0.05
+    repeat: float = 0.05
+    length: float = 0.0
+
+    @model_validator(mode="after")
+    def _check(self) -> "RewardSection":
+        self.weights()
+        return self
+
+    def weights(self) -> RewardWeights:
+        return RewardWeights(**self.model_dump())
+
+
+class ValidationSection(StrictModel):
+    every: int = Field(10, ge=0, description="Validate every N steps (and at the end); 0 = never.")
+    games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
+    temperature: float = Field(0.0, ge=0)
+    early_stopping_patience: int = Field(0, ge=0, description="Stop after N passes without a better win rate; 0 = off.")
+
+
+class GRPOConfig(StrictModel):
+    model: ModelSection = Field(default_factory=ModelSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    rl: RLSection = Field(default_factory=RLSection)
+    grpo: GRPOSection = Field(default_factory=GRPOSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
+    prompts: PromptsSection = Field(default_factory=PromptsSection)
+    validation: ValidationSection = Field(default_factory=ValidationSection)
+    logs_dir: str = Field("logs", description="Run folders go here (relative to the config file).")
+    run_name: str | None = None
+    resume: str | None = Field(None, description="Run folder to continue from its latest checkpoint.")
+    progress: bool = True
+
+
+class NonFiniteStop(UserError):
+    """Too many non-finite steps in a row: the run stopped with a checkpoint."""
+
+
+def rollout_config(cfg: GRPOConfig, temperature: float, seed: int) -> RolloutConfig:
+    return RolloutConfig(temperature=temperature, max_tokens_per_turn=cfg.rl.max_completion_tokens,
+                         completion_batch_size=cfg.rl.completion_batch_size, seed=seed,
+                         max_invalid_replies=cfg.rl.max_invalid_replies, invalid_costs_turn=cfg.rl.invalid_costs_turn,
+                         max_guesses=cfg.rl.max_turns, prompt=cfg.rl.prompt)
+
+
+def step_seed(base: int, step: int, round_: int = 0) -> int:
+    """The MLX sampling seed of one rollout round: a function of the run seed and the step only."""
+    return (base * 1_000_003 + step * 7919 + round_ * 104_729) % (2 ** 31)
+
+
+def read_prompt_file(path: Path, train: set[str], allowed: frozenset) -> list[GameSpec]:
+    """RL prompt records `{"secret", "history", "mode"}`, one per line, checked against the train split."""
+    from ..game.state import GameState
+    from ..metrics import read_jsonl
+
+    specs = []
+    for lineno, rec in read_jsonl(path):
+        secret, history = rec.get("secret"), rec.get("history", [])
+        if secret not in train:
+            raise UserError(f"{path}:{lineno}: secret {secret!r} is not a train-split word")
+        if not isinstance(history, list) or any(g not in allowed for g in history):
+            raise UserError(f"{path}:{lineno}: history must be a list of allowed words, got {history!r}")
+        if GameState.from_history(secret, list(history)).over:
+            raise UserError(f"{path}:{lineno}: history {history!r} already ends the game")
+        specs.append(GameSpec(secret, list(history)))
+    if not specs:
+        raise UserError(f"{path}: no prompt records")
+    return specs
+
+
+class PromptSource:
+    """Draws the next B prompts: generated from an RNG, or read in order (cycling) from a file."""
+
+    def __init__(self, cfg: GRPOConfig, solver: Solver, allowed: frozenset, seed: int):
+        self.train = split_words("train")
+        self.solver = solver
+        p = cfg.prompts
+        self.policy = HistoryPolicy(tuple(p.k_weights), p.solver, p.random, p.mistake)
+        self.records = read_prompt_file(resolve_path(cfg, p.path), set(self.train), allowed) \
+            if p.source == "file" else None
+        self.rng = random.Random(seed)
+        self.cursor = 0
+
+    def draw(self, n: int) -> list[GameSpec]:
+        out = []
+        for _ in range(n):
+            if self.records is not None:
+                out.append(self.records[self.cursor % len(self.records)])
+                self.cursor += 1
+            else:
+                secret = self.train[self.rng.randrange(len(self.train))]
+                seeded, _mode = seed_history(secret, self.rng, self.solver, self.policy)
+                out.append(GameSpec(secret, seeded))
+        return out
+
+    def state(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"python_random": [version, list(internal), gauss], "prompt_cursor": self.cursor}
+
+    def restore(self, state: dict) -> None:
+        version, internal, gauss = state["python_random"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.cursor = int(state["prompt_cursor"])
+
+
+def load_policy(cfg: GRPOConfig):
+    """(model, tokenizer, adapter_config): the model with trainable LoRA, from the base or an SFT adapter."""
+    from ..llm.lora import adapter_config, apply_lora, lora_parameters
+    from ..llm.models import load_model
+
+    adapter = str(resolve_path(cfg, cfg.model.adapter)) if cfg.model.adapter else None
+    model, tokenizer = load_model(cfg.model.name, adapter_path=adapter, dtype=cfg.model.dtype)
+    if adapter is not None:
+        acfg = json.loads((Path(adapter) / "adapter_config.json").read_text())
+        model.freeze()
+        lora_layers = [m for _, m in model.named_modules() if hasattr(m, "lora_a")]
+        for m in lora_layers:
+            m.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
+        if not lora_layers:
+            raise UserError(f"model.adapter {adapter!r}: no LoRA layers (only LoRA adapters can be trained further)")
+        acfg["base_model"] = cfg.model.name
+        return model, tokenizer, acfg
+    params = lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)
+    apply_lora(model, cfg.lora.num_layers, params)
+    return model, tokenizer, adapter_config(cfg.lora.num_layers, params, cfg.model.name)
+
+
+def make_optimizer(cfg: GRPOConfig):
+    import mlx.optimizers as optim
+
+    t = cfg.training
+    decay = optim.cosine_decay(t.learning_rate, max(1, t.steps - t.warmup_steps), t.min_learning_rate)
+    schedule = decay if t.warmup_steps == 0 else optim.join_schedules(
+        [optim.linear_schedule(0.0, t.learning_rate, t.warmup_steps), decay], [t.warmup_steps])
+    return optim.AdamW(learning_rate=schedule, weight_decay=t.weight_decay), schedule
+
+
+def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: frozenset, step: int) -> dict:
+    from ..llm.grpo_step import game_rates
+    from ..llm.rollout import play_games
+
+    rcfg = rollout_config(cfg, cfg.validation.temperature, step_seed(cfg.training.seed, 0, 1))
+    episodes = play_games(model, tokenizer, [GameSpec(w) for w in words], rcfg, allowed)
+    replies = [t for ep in episodes for t in ep.turns]
+    return {"kind": "valid", "step": step, "time": time.time(), **game_rates(episodes, replies),
+            "games": [ep.outcome() for ep in episodes]}
+
+
+def run(cfg: GRPOConfig, generate_fn=None) -> dict:
+    import mlx.core as mx
+
+    from ..llm import grpo_step
+    from ..llm.generation import BatchedGenerator
+    from ..llm.grpo_loss import LossSettings
+    from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
+
+    t, rl = cfg.training, cfg.rl
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        if not (run_dir / "metrics.jsonl").is_file():
+            raise UserError(f"resume: {run_dir} is not a run folder (no metrics.jsonl)")
+    else:
+        name = cfg.run_name or time.strftime("grpo-%Y%m%d-%H%M%S")
+        run_dir = resolve_path(cfg, cfg.logs_dir) / name
+        if (run_dir / "metrics.jsonl").exists():
+            raise UserError(f"run folder {run_dir} already exists; pick another run_name or use --resume {run_dir}")
+    saved_cfg = cfg.model_dump(mode="json")
+    if cfg.model.adapter:
+        saved_cfg["model"]["adapter"] = str(resolve_path(cfg, cfg.model.adapter).resolve())
+    if cfg.prompts.path:
+        saved_cfg["prompts"]["path"] = str(resolve_path(cfg, cfg.prompts.path).resolve())
+    saved_cfg["resume"] = None
+    saved_cfg["logs_dir"] = str(run_dir.parent.resolve())
+    saved_cfg["run_name"] = run_dir.name
+
+    table = load_table(show_progress=cfg.progress)
+    solver = Solver(table)
+    allowed = frozenset(guess_list())
+    rewards = Rewards(cfg.reward.weights(), answers(), max_guesses=rl.max_turns)
+    prompts = PromptSource(cfg, solver, allowed, t.seed)
+    valid_words = split_words("valid")[:cfg.validation.games]
+    mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed
+    model, tokenizer, acfg = load_policy(cfg)
+    optimizer, schedule = make_optimizer(cfg)
+    optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
+    generate = generate_fn or BatchedGenerator(model, tokenizer)
+    settings = grpo_step.UpdateSettings(
+        LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
+        cfg.grpo.averaging, cfg.grpo.advantage == "normalized", t.max_grad_norm, t.max_tokens_per_microbatch)
+    rollout = grpo_step.rollout_turn_mode if rl.mode == "turn" else grpo_step.rollout_episode_mode
+
+    st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
+    step = 0
+    if cfg.resume:
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:
+            raise UserError(f"resume: {run_dir} has no complete checkpoint")
+        saved = load_checkpoint(ckpt, model, optimizer)
+        step = int(saved["step"])
+        prompts.restore(saved)
+        kind, keys, pos, has_gauss, gauss = saved["numpy_random"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+        st.update({k: saved[k] for k in st})
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "config.json", saved_cfg)
+
+    def checkpoint(at: int) -> Path:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state = {**prompts.state(), **st, "run": run_dir.name, "mx_seed_next": step_seed(t.seed, at + 1),
+                 "numpy_random": [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)]}
+        path = save_checkpoint(run_dir / "checkpoints", at, model, optimizer, acfg, state)
+        prune_checkpoints(run_dir / "checkpoints", t.keep_checkpoints)
+        return path
+
+    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    metrics.write({"kind": "run", "stage": "grpo", "run": run_dir.name, "config_hash": config_hash(cfg),
+                   "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None})
+    stop_reason, last, before_step, done_step = "finished", {}, prompts.state(), step
+    try:
+        with progress_bar("grpo", t.steps, enabled=cfg.progress) as advance:
+            advance(step)
+            while step < t.steps:
+                step += 1
+                mx.reset_peak_memory()
+                lr = float(schedule(optimizer.step))
+                before_step = prompts.state()
+                specs = prompts.draw(t.batch_prompts)
+                mx.random.seed(step_seed(t.seed, step))
+                rcfg = rollout_config(cfg, rl.temperature, step_seed(t.seed, step))
+                out = rollout(model, tokenizer, specs, rl.num_generations, rcfg, allowed, rewards, generate)
+                items, episodes, replies = list(out.items), list(out.episodes), list(out.replies)
+                tokens, rollout_s, resampled = out.tokens_generated, out.seconds, 0
+                for round_ in range(1, cfg.grpo.resample_zero_variance + 1):
+                    _, dead = zero_variance_groups(items)
+                    if not dead:
+                        break
+                    mx.random.seed(step_seed(t.seed, step, round_))
+                    more = rollout(model, tokenizer, prompts.draw(len(dead)), rl.num_generations, rcfg, allowed,
+                                   rewards, generate)
+                    offset = 1 + max(it.group for it in items)
+                    for it in more.items:
+                        it.group += offset
+                    items = [it for it in items if it.group not in dead] + list(more.items)
+                    episodes += more.episodes
+                    replies += more.replies
+                    tokens += more.tokens_generated
+                    rollout_s += more.seconds
+                    resampled += len(dead)
+                upd = grpo_step.policy_update(model, optimizer, items, settings)
+                if upd.finite:
+                    st["nonfinite_in_row"] = 0
+                else:
+                    st["nonfinite_in_row"] += 1
+                    st["nonfinite_total"] += 1
+                totals = np.array([it.reward for it in items])
+                last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
+                        "kl": upd.kl, "grad_norm": upd.grad_norm, "reward_mean": float(totals.mean()),
+                        "reward_std": float(totals.std()), "rewards": grpo_step.component_stats(items),
+                        **grpo_step.game_rates(episodes, replies), "skipped_groups": upd.skipped_groups,
+                        "resampled_groups": resampled, "nonfinite_skips": st["nonfinite_total"],
+                        "clip_fraction": upd.clip_fraction, "tokens_generated": tokens,
+                        "trained_tokens": upd.trained_tokens, "rollout_seconds": rollout_s,
+                        "update_seconds": upd.seconds, "peak_memory_gb": mx.get_peak_memory() / 1e9,
+                        "games": [ep.outcome() for ep in episodes]}
+                metrics.write(last)
+                done_step = step
+                advance(1, info=f"win {100 * last['win_rate']:.0f}%  reward {last['reward_mean']:.3f}  "
+                                f"loss {upd.loss:.4f}")
+                if st["nonfinite_in_row"] >= t.max_nonfinite_in_a_row:
+                    path = checkpoint(step)
+                    raise NonFiniteStop(f"stopping at step {step}: the loss or gradient was not finite "
+                                        f"{st['nonfinite_in_row']} steps in a row (updates skipped); "
+                                        f"checkpoint saved in {path}")
+                if cfg.validation.every and (step % cfg.validation.every == 0 or step == t.steps):
+                    rec = validate(model, tokenizer, cfg, valid_words, allowed, step)
+                    metrics.write(rec)
+                    if st["best_win_rate"] is None or rec["win_rate"] > st["best_win_rate"]:
+                        st["best_win_rate"], st["bad_validations"] = rec["win_rate"], 0
+                        save_adapters(run_dir / "adapters_best", model, acfg)
+                    else:
+                        st["bad_validations"] += 1
+                    patience = cfg.validation.early_stopping_patience
+                    if patience and st["bad_validations"] >= patience:
+                        stop_reason = f"early stopping: no better validation win rate in {patience} passes"
+                        break
+                if t.checkpoint_every and step % t.checkpoint_every == 0:
+                    checkpoint(step)
+    except KeyboardInterrupt:
+        stop_reason = "interrupted"
+        if done_step != step:        # the interrupted step never finished: forget its prompts
+            step = done_step
+            prompts.restore(before_step)
+        console.print(f"interrupted: saving a checkpoint at step {step}")
+    finally:
+        metrics.close()
+    path = checkpoint(step)
+    save_adapters(run_dir / "adapters", model, acfg)
+    console.print(f"{stop_reason} at step {step}: adapters in {run_dir / 'adapters'}, checkpoint {path}")
+    return {"run": str(run_dir), "step": step, "stopped": stop_reason, "adapters": str(run_dir / "adapters"),
+            "checkpoint": str(path), "last": {k: v for k, v in last.items() if k != "games"}}
+
+
+def zero_variance_groups(items) -> tuple[int, set[int]]:
+    """(number of groups, ids of groups whose rewards are all equal)."""
+    from ..llm.grpo_loss import group_advantages
+
+    by_group: dict[int, list[float]] = {}
+    for it in items:
+        by_group.setdefault(it.group, []).append(it.reward)
+    dead = set()
+    for g, r in by_group.items():
+        if group_advantages(r, [0] * len(r))[1]:
+            dead.add(g)
+    return len(by_group), dead

@@ -1,0 +1,74 @@
+"""`wordle-mlx model import`: write a model as a self-contained mlx-lm folder.
+
+The source is a Gemma 3 `.gguf` file, `builtin:gemma-3-270m` (the bundled GGUF) or `builtin:tiny-random`.
+GGUF sources are dequantised to `dtype` (float32 on CPU, bfloat16 with Metal by default) and optionally
+re-quantised to 4 or 8 bits; the folder is built beside `out` and renamed into place, and an existing
+non-empty `out` is refused. The result loads with plain `mlx_lm.load(out)` or `--model out`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal, Optional
+
+from ..config import StrictModel, resolve_path
+from ..errors import UserError
+from ..llm.models import BUILTIN_PREFIX, BUILTINS, building_dir, check_dtype, describe_model_dir
+from ..progress import console
+
+
+class ModelImportConfig(StrictModel):
+    source: str
+    out: str
+    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    q_bits: Optional[Literal[4, 8]] = None
+    q_group_size: Literal[32, 64, 128] = 64
+    json_output: bool = False
+
+
+def run(cfg: ModelImportConfig) -> dict:
+    from ..llm.gguf_import import bundled_gemma_270m_gguf, import_gguf
+    from ..llm.tiny_model import make_tiny_model_dir
+
+    start = time.perf_counter()
+    out = resolve_path(cfg, cfg.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"out: {out} already exists and is not an empty folder")
+    dtype = check_dtype(cfg.dtype)
+
+    if cfg.source == BUILTIN_PREFIX + "tiny-random":
+        if cfg.q_bits is not None or cfg.dtype not in (None, "float32"):
+            raise UserError("builtin:tiny-random is float32 only; drop --dtype/--q-bits")
+        dtype = "float32"
+        build = make_tiny_model_dir
+    else:
+        if cfg.source == BUILTIN_PREFIX + "gemma-3-270m":
+            gguf_path = bundled_gemma_270m_gguf()
+        elif cfg.source.startswith(BUILTIN_PREFIX):
+            raise UserError(f"source {cfg.source!r}: unknown builtin model; known: "
+                            + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS))
+        else:
+            gguf_path = resolve_path(cfg, cfg.source)
+            if gguf_path.suffix.lower() != ".gguf":
+                raise UserError(f"source {cfg.source!r}: expected a .gguf file or builtin:gemma-3-270m / "
+                                "builtin:tiny-random (MLX folders and Hugging Face repos need no import)")
+            if not gguf_path.is_file():
+                raise UserError(f"source {cfg.source!r}: GGUF file not found")
+
+        def build(folder: Path) -> None:
+            import_gguf(gguf_path, folder, dtype=dtype, q_bits=cfg.q_bits, q_group_size=cfg.q_group_size)
+
+    if not cfg.json_output:
+        console.print(f"importing {cfg.source} -> {out} ({dtype}"
+                      + (f", {cfg.q_bits}-bit" if cfg.q_bits else "") + ")")
+    if out.is_dir():
+        out.rmdir()  # empty: building_dir renames the finished folder into its place
+    with building_dir(out) as tmp:
+        build(tmp)
+    result = {"source": cfg.source, "dtype": dtype, "q_bits": cfg.q_bits, **describe_model_dir(out),
+              "seconds": round(time.perf_counter() - start, 2)}
+    if not cfg.json_output:
+        console.print(f"model written to {result['path']} ({result['size_mb']} MB, {len(result['files'])} files) "
+                      f"in {result['seconds']} s; use it with --model {result['path']}")
+    return result

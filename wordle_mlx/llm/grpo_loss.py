@@ -106,17 +106,21 @@ def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence[float], 
                        cat(wts, np.float32), cat(seq, np.int32))
 
 
-def split_batch(sequences: Sequence[TokenSequence], max_tokens: int) -> list[list[int]]:
-    """Indices of sequences grouped into micro-batches of at most `max_tokens` padded tokens (>= 1 sequence)."""
+def split_batch(sequences: Sequence[TokenSequence], max_tokens: int, max_loss_tokens: int | None = None) -> list[list[int]]:
+    """Indices of sequences grouped into micro-batches (>= 1 sequence each) of at most `max_tokens` padded
+    tokens and `max_loss_tokens` model tokens: each model token costs a (vocab,) row of logits, which for
+    Gemma's 262k vocabulary is 1 MB in float32, several times over in the backward pass."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))
-    out, cur, cur_max = [], [], 0
+    out, cur, cur_max, cur_loss = [], [], 0, 0
     for i in order:
-        n = len(sequences[i].tokens)
-        if cur and max(cur_max, n) * (len(cur) + 1) > max_tokens:
+        n, k = len(sequences[i].tokens), sum(sequences[i].mask)
+        if cur and (max(cur_max, n) * (len(cur) + 1) > max_tokens
+                    or (max_loss_tokens is not None and cur_loss + k > max_loss_tokens)):
             out.append(cur)
-            cur, cur_max = [], 0
+            cur, cur_max, cur_loss = [], 0, 0
         cur.append(i)
         cur_max = max(cur_max, n)
+        cur_loss += k
     if cur:
         out.append(cur)
     return out
@@ -129,9 +133,11 @@ def selected_logprobs(model, inputs, positions, targets, temperature: float):
 
     from .logits import selected_logits
 
-    scaled = selected_logits(model, inputs, positions).astype(mx.float32) / temperature
-    logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
-    return mx.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
+    scaled = selected_logits(model, inputs, positions).astype(mx.float32)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    # no full (positions, vocab) log-softmax: the target logit minus the log-partition is enough
+    return mx.take_along_axis(scaled, targets[:, None], axis=-1)[:, 0] - mx.logsumexp(scaled, axis=-1)
 
 
 @contextlib.contextmanager

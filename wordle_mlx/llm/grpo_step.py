@@ -156,6 +156,7 @@ class UpdateSettings:
     scale_advantages: bool = True
     max_grad_norm: float = 1.0           # 0 = no clipping
     max_tokens: int = 4096               # padded tokens per micro-batch
+    max_loss_tokens: int = 256           # model tokens per micro-batch (each one is a vocab-sized logit row)
 
 
 @dataclass
@@ -198,7 +199,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
 
     value_and_grad = nn.value_and_grad(model, loss_of)
     grads, total_loss, kl, clip = None, 0.0, 0.0, 0.0
-    for idx in split_batch(seqs, s.max_tokens):
+    for idx in split_batch(seqs, s.max_tokens, s.max_loss_tokens):
         batch = pack_batch([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
         arrays = batch_arrays(batch)
         ref = reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None
@@ -226,3 +227,15 @@ def _leaves(tree) -> list:
     from mlx.utils import tree_flatten
 
     return [v for _, v in tree_flatten(tree)]
+
+
+def zero_variance_groups(items) -> tuple[int, set[int]]:
+    """(number of groups, ids of groups whose rewards are all equal)."""
+    by_group: dict[int, list[float]] = {}
+    for it in items:
+        by_group.setdefault(it.group, []).append(it.reward)
+    dead = set()
+    for g, r in by_group.items():
+        if group_advantages(r, [0] * len(r))[1]:
+            dead.add(g)
+    return len(by_group), dead

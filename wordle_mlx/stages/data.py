@@ -212,7 +212,7 @@ def split_stats(records: list[dict], cfg: DataConfig) -> dict:
 
 
 def run(cfg: DataConfig) -> dict:
-    out = resolve_path(cfg, cfg.out)
+    out = resolve_path(cfg, cfg.out).resolve()
     table = load_table(cfg.answers_list, cfg.allowed_list, show_progress=cfg.progress)
     solver = Solver(table)
     splits = split_answers(table.answers)

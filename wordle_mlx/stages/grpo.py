@@ -65,6 +65,7 @@ class TrainingSection(StrictModel):
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")
     max_tokens_per_microbatch: int = Field(4096, ge=16, description="Padded tokens per forward/backward pass.")
+    max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Model tokens per pass (vocab-sized logits each).")
     checkpoint_every: int = Field(10, ge=0, description="0 = only at the end.")
     keep_checkpoints: int = Field(3, ge=1)
     max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
@@ -303,7 +304,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     generate = generate_fn or BatchedGenerator(model, tokenizer)
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
-        cfg.grpo.averaging, cfg.grpo.advantage == "normalized", t.max_grad_norm, t.max_tokens_per_microbatch)
+        cfg.grpo.averaging, cfg.grpo.advantage == "normalized", t.max_grad_norm, t.max_tokens_per_microbatch,
+        t.max_loss_tokens_per_microbatch)
     rollout = grpo_step.rollout_turn_mode if rl.mode == "turn" else grpo_step.rollout_episode_mode
 
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
@@ -349,7 +351,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 items, episodes, replies = list(out.items), list(out.episodes), list(out.replies)
                 tokens, rollout_s, resampled = out.tokens_generated, out.seconds, 0
                 for round_ in range(1, cfg.grpo.resample_zero_variance + 1):
-                    _, dead = zero_variance_groups(items)
+                    _, dead = grpo_step.zero_variance_groups(items)
                     if not dead:
                         break
                     mx.random.seed(step_seed(t.seed, step, round_))
@@ -417,16 +419,3 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     return {"run": str(run_dir), "step": step, "stopped": stop_reason, "adapters": str(run_dir / "adapters"),
             "checkpoint": str(path), "last": {k: v for k, v in last.items() if k != "games"}}
 
-
-def zero_variance_groups(items) -> tuple[int, set[int]]:
-    """(number of groups, ids of groups whose rewards are all equal)."""
-    from ..llm.grpo_loss import group_advantages
-
-    by_group: dict[int, list[float]] = {}
-    for it in items:
-        by_group.setdefault(it.group, []).append(it.reward)
-    dead = set()
-    for g, r in by_group.items():
-        if group_advantages(r, [0] * len(r))[1]:
-            dead.add(g)
-    return len(by_group), dead

@@ -144,7 +144,7 @@ def prepare_run_dir(cfg: SFTConfig, resume: str | None, overwrite: bool) -> Path
             raise UserError(f"--resume {resume}: not a run folder (no config.json)")
         return run_dir
     name = cfg.run_name or time.strftime("sft-%Y%m%d-%H%M%S")
-    run_dir = resolve_path(cfg, cfg.logs_dir) / name
+    run_dir = resolve_path(cfg, cfg.logs_dir).resolve() / name
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
             raise UserError(f"run folder {run_dir} already exists; pass --overwrite or --run-name NEW or --resume {run_dir}")
@@ -154,7 +154,7 @@ def prepare_run_dir(cfg: SFTConfig, resume: str | None, overwrite: bool) -> Path
 
 
 def load_data(cfg: SFTConfig):
-    folder = resolve_path(cfg, cfg.data)
+    folder = resolve_path(cfg, cfg.data).resolve()
     train = read_sft_jsonl(folder / "train.jsonl")
     valid = read_sft_jsonl(folder / "valid.jsonl") if cfg.valid_every else []
     stats = folder / "stats.json"
@@ -191,14 +191,14 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
             raise UserError(f"--resume {resume}: no complete checkpoint in {checkpoints}")
         state = lora.load_checkpoint(ckpt, model, optimizer)
         step, position = int(state["step"]), int(state["data_position"])
-    else:
-        saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name})
+    saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name})
+    if resume is None:
         write_json_atomic(run_dir / "config.json", saved.model_dump(mode="json"))
 
     loss_and_grad = nn.value_and_grad(model, loss_sum)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
-    metrics.write({"kind": "run", "stage": "sft", "run": run_dir.name, "config_hash": config_hash(cfg),
-                   "config": cfg.model_dump(mode="json"), "time": time.time(),
+    metrics.write({"kind": "run", "stage": "sft", "run": run_dir.name, "config_hash": config_hash(saved),
+                   "config": saved.model_dump(mode="json"), "time": time.time(),
                    "resumed_from_step": step if resume is not None else None,
                    "trainable_parameters": trainable, "train_batches": len(train_batches)})
     if cfg.progress:

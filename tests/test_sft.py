@@ -1,0 +1,187 @@
+"""Tests for `wordle-mlx sft` and `fuse` on the tiny random model: loss, resume, adapters, fuse check."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from wordle_mlx.config import load_config, validate_config
+from wordle_mlx.errors import UserError
+from wordle_mlx.llm import lora
+from wordle_mlx.llm.models import load_model, resolve_model
+from wordle_mlx.llm.sft_loss import loss_sum, make_batch
+from wordle_mlx.metrics import read_jsonl
+from wordle_mlx.stages import data, fuse, sft
+
+TINY = "builtin:tiny-random"
+
+
+def sft_records(run_dir: Path, kind: str = "sft") -> dict[int, dict]:
+    return {r["step"]: r for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == kind}
+
+
+class SFTTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.root = Path(cls.tmp.name)
+        cfg = validate_config({"out": str(cls.root / "data"), "train_examples": 8, "valid_examples": 4,
+                               "think_style": "brief", "progress": False}, data.DataConfig, "test")
+        data.run(cfg)
+        cls.model, cls.tokenizer = load_model(TINY)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def config(self, name: str, **fields) -> sft.SFTConfig:
+        base = {"model": TINY, "data": str(self.root / "data"), "logs_dir": str(self.root / "logs"), "run_name": name,
+                "steps": 6, "batch_size": 4, "learning_rate": 1e-2, "warmup_steps": 1, "valid_every": 3,
+                "save_every": 3, "progress": False, "lora": {"rank": 4, "dropout": 0.1}}
+        base.update(fields)
+        return validate_config(base, sft.SFTConfig, "test")
+
+    def test_selected_positions_loss_equals_full_logits_loss(self):
+        records = data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:3]
+        batch = make_batch(sft.tokenize(records, self.tokenizer, Path("x")), pad_to=16)
+        ours = loss_sum(self.model, batch.inputs, batch.positions, batch.targets, batch.weights)
+        full = loss_sum(self.model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits=True)
+        self.assertGreater(batch.tokens, 10)
+        self.assertAlmostEqual(ours[0].item(), full[0].item(), delta=1e-4 * abs(full[0].item()))
+        self.assertEqual(ours[1].item(), batch.tokens)
+
+    def test_matches_mlx_lm_default_loss_on_assistant_tokens(self):
+        from mlx_lm.tuner.trainer import default_loss
+        seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:3], self.tokenizer, Path("x"))
+        width = max(len(t) for t, _ in seqs) + 1
+        arr = mx.array([[*t, *([0] * (width - len(t)))] for t, _ in seqs])
+        # mlx-lm's mask is steps <= length, i.e. it also scores the pad after each sequence; length - 1 stops at the end
+        theirs, _ = default_loss(self.model, arr, mx.array([[off, len(t) - 1] for t, off in seqs]))
+        batch = make_batch(seqs)
+        s, n = loss_sum(self.model, batch.inputs, batch.positions, batch.targets, batch.weights)
+        self.assertAlmostEqual((s / n).item(), theirs.item(), delta=1e-5)
+
+    def test_mask_covers_only_assistant_tokens(self):
+        records = data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:1]
+        (tokens, offset), = sft.tokenize(records, self.tokenizer, Path("x"))
+        batch = make_batch([(tokens, offset)], pad_to=8)
+        target_text = self.tokenizer.decode(batch.targets[: batch.tokens].tolist())
+        self.assertTrue(target_text.startswith("<think>"), target_text[:40])
+        self.assertIn(records[0]["messages"][-1]["content"], target_text)
+        self.assertEqual(batch.weights.sum().item(), len(tokens) - offset)
+
+    def test_loss_falls_and_run_folder(self):
+        cfg = self.config("memorise", steps=12, lora={"rank": 8, "dropout": 0.0},
+                          game_eval={"every": 12, "games": 2, "max_tokens_per_turn": 8})
+        result = sft.run(cfg)
+        run_dir = Path(result["run_dir"])
+        losses = [r["loss"] for r in sft_records(run_dir).values()]
+        self.assertLess(min(losses[-3:]), losses[0] - 1.0)   # nats; the tiny random model starts near log(384)
+        valid = sft_records(run_dir, "sft_valid")
+        self.assertLess(valid[12]["val_loss"], valid[3]["val_loss"])
+        kinds = [r["kind"] for _, r in read_jsonl(run_dir / "metrics.jsonl")]
+        self.assertEqual(kinds[0], "run")
+        self.assertIn("val_loss", valid[3])
+        self.assertIn("win_rate", valid[12])
+        for key in ("lr", "loss", "grad_norm", "tokens", "tokens_per_second", "peak_memory_gb"):
+            self.assertIn(key, sft_records(run_dir)[1])
+        self.assertTrue((run_dir / "config.json").is_file())
+        self.assertEqual((run_dir / "checkpoints" / "latest").read_text().strip(), "step_000012")
+        with self.assertRaisesRegex(UserError, "already exists"):
+            sft.run(cfg)
+        # mlx-lm itself loads the adapter folder, and it changes the model's output
+        import mlx_lm
+        base_dir = str(resolve_model(TINY))
+        adapted, tok = mlx_lm.load(base_dir, adapter_path=str(run_dir / "adapters"))
+        base, _ = mlx_lm.load(base_dir)
+        inputs = mx.array([fuse.check_batch(tok)])
+        self.assertGreater(mx.abs(adapted(inputs) - base(inputs)).max().item(), 1e-3)
+        self.fuse_checks(run_dir / "adapters")
+
+    def fuse_checks(self, adapters: Path):
+        out = self.root / "fused"
+        cfg = fuse.FuseConfig(model=TINY, adapter=str(adapters), out=str(out))
+        result = fuse.run(cfg)
+        self.assertLessEqual(result["max_abs_logit_diff"], result["tolerance"])
+        import mlx_lm
+        fused, tok = mlx_lm.load(str(out))
+        self.assertIsNotNone(tok.chat_template)
+        self.assertFalse(any("lora" in k for k, _ in tree_flatten(fused.parameters())))
+        with self.assertRaisesRegex(UserError, "already exists"):
+            fuse.run(cfg)
+        # a corrupted fuse (one fused weight perturbed) is detected and leaves nothing behind
+        real = fuse.fuse_lora_layers
+
+        def corrupt(model):
+            n = real(model)
+            layer = model.layers[0].self_attn.q_proj
+            layer.weight = layer.weight + 0.5
+            return n
+
+        bad_out = self.root / "fused_bad"
+        with mock.patch.object(fuse, "fuse_lora_layers", corrupt):
+            with self.assertRaisesRegex(UserError, "fuse check failed"):
+                fuse.run(fuse.FuseConfig(model=TINY, adapter=str(adapters), out=str(bad_out)))
+        self.assertFalse(bad_out.exists())
+        self.assertEqual([p.name for p in self.root.iterdir() if "fused_bad" in p.name], [])
+
+    def test_resume_matches_uninterrupted_run(self):
+        full = sft.run(self.config("full"))
+        interrupted = self.config("cut")
+        real_write = sft.MetricsWriter.write
+
+        def crash_at_step_5(writer, record):
+            if record.get("kind") == "sft" and record["step"] == 5:
+                raise KeyboardInterrupt
+            real_write(writer, record)
+
+        with mock.patch.object(sft.MetricsWriter, "write", crash_at_step_5):
+            with self.assertRaises(KeyboardInterrupt):
+                sft.run(interrupted)
+        cut_dir = self.root / "logs" / "cut"
+        self.assertEqual(lora.latest_checkpoint(cut_dir / "checkpoints").name, "step_000003")
+        resumed_cfg = load_config(cut_dir / "config.json", sft.SFTConfig)
+        sft.run(resumed_cfg, resume=str(cut_dir))
+        a, b = sft_records(Path(full["run_dir"])), sft_records(cut_dir)
+        for step in (4, 5, 6):
+            self.assertAlmostEqual(a[step]["loss"], b[step]["loss"], delta=1e-6)
+            self.assertAlmostEqual(a[step]["grad_norm"], b[step]["grad_norm"], delta=1e-5)
+        wa = mx.load(str(Path(full["run_dir"]) / "adapters" / "adapters.safetensors"))
+        wb = mx.load(str(cut_dir / "adapters" / "adapters.safetensors"))
+        self.assertEqual(set(wa), set(wb))
+        for k in wa:
+            self.assertLess(mx.abs(wa[k] - wb[k]).max().item(), 1e-6)
+        runs = [r for _, r in read_jsonl(cut_dir / "metrics.jsonl") if r["kind"] == "run"]
+        self.assertEqual([r["resumed_from_step"] for r in runs], [None, 3])
+
+    def test_bad_inputs(self):
+        with self.assertRaisesRegex(UserError, "train.jsonl: file not found"):
+            sft.run(self.config("nodata", data=str(self.root / "nowhere")))
+        with self.assertRaisesRegex(UserError, "lora.rank"):
+            validate_config({"lora": {"rank": 0}}, sft.SFTConfig, "x.json")
+        with self.assertRaisesRegex(UserError, "learning_rat: unknown field"):
+            validate_config({"learning_rat": 1}, sft.SFTConfig, "x.json")
+        with self.assertRaisesRegex(UserError, "no config.json"):
+            sft.run(self.config("r"), resume=str(self.root / "nothing"))
+
+    def test_adapter_for_another_model_is_rejected(self):
+        folder = self.root / "alien_adapter"
+        folder.mkdir()
+        params = lora.lora_parameters(4, 20.0, 0.0, None)
+        (folder / "adapter_config.json").write_text(json.dumps(lora.adapter_config(-1, params, "other")))
+        mx.save_safetensors(str(folder / "adapters.safetensors"),
+                            {"model.layers.0.self_attn.q_proj.lora_a": mx.zeros((128, 4)),
+                             "model.layers.0.self_attn.q_proj.lora_b": mx.zeros((4, 64))})
+        with self.assertRaisesRegex(UserError, "does not fit model"):
+            fuse.run(fuse.FuseConfig(model=TINY, adapter=str(folder), out=str(self.root / "alien_out")))
+        self.assertFalse((self.root / "alien_out").exists())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -215,13 +215,13 @@ app.add_typer(model_app, name="model")
 
 @model_app.command(name="import")
 def model_import(source: Annotated[str, typer.Argument(help="A Gemma 3 .gguf file, builtin:gemma-3-270m or builtin:tiny-random.")],
-                 out: Annotated[Path, typer.Option("--out", help="New folder for the mlx-lm model.")],
+                 out: Annotated[Optional[Path], typer.Option("--out", help="New folder for the mlx-lm model (default: the user cache, where --model SOURCE looks).")] = None,
                  dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 with Metal).")] = None,
                  q_bits: Annotated[Optional[int], typer.Option("--q-bits", help="Re-quantise linear layers to 4 or 8 bits.")] = None,
                  json_output: JsonFlag = False) -> None:
     """Convert a GGUF (or a builtin model) into a folder that mlx_lm.load and --model accept."""
     from .stages import model_import as stage
-    cfg = load_config(None, stage.ModelImportConfig, {"source": source, "out": str(out), "dtype": dtype,
+    cfg = load_config(None, stage.ModelImportConfig, {"source": source, "out": str(out) if out else None, "dtype": dtype,
                                                        "q_bits": q_bits, "json_output": json_output})
     emit(stage.run(cfg), json_output)
 

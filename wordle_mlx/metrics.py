@@ -101,3 +101,27 @@ def _parse(path: Path, lineno: int, raw: bytes, last: bool) -> tuple[int, dict]:
     if not isinstance(record, dict):
         raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
     return lineno, record
+
+
+def truncate_after_step(path: str | Path, step: int) -> int:
+    """Drop records logged after `step` (from a run killed after its last checkpoint); returns how many.
+
+    Called on resume, before the resumed run appends, so the file never holds a step twice. `run`
+    records and records without a step are kept; a truncated last line is dropped. Atomic rewrite.
+    """
+    from .fileio import atomic_path
+
+    path = Path(path)
+    if not path.exists():
+        return 0
+    kept: list[str] = []
+    dropped = 0
+    for _, record in read_jsonl(path, warn=lambda msg: None):
+        rec_step = record.get("step")
+        if record.get("kind") != "run" and isinstance(rec_step, int) and rec_step > step:
+            dropped += 1
+            continue
+        kept.append(json.dumps(record))
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    return dropped

@@ -64,7 +64,7 @@ class TrainingSection(StrictModel):
     min_learning_rate: float = Field(0.0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")
-    max_tokens_per_microbatch: int = Field(4096, ge=16, description="Padded tokens per forward/backward pass.")
+    max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
     max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Model tokens per pass (vocab-sized logits each).")
     checkpoint_every: int = Field(10, ge=0, description="0 = only at the end.")
     keep_checkpoints: int = Field(3, ge=1)
@@ -279,7 +279,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
             raise UserError(f"resume: {run_dir} is not a run folder (no metrics.jsonl)")
     else:
         name = cfg.run_name or time.strftime("grpo-%Y%m%d-%H%M%S")
-        run_dir = resolve_path(cfg, cfg.logs_dir) / name
+        run_dir = resolve_path(cfg, cfg.logs_dir).resolve() / name
         if (run_dir / "metrics.jsonl").exists():
             raise UserError(f"run folder {run_dir} already exists; pick another run_name or use --resume {run_dir}")
     saved_cfg = cfg.model_dump(mode="json")

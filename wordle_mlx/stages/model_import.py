@@ -20,11 +20,29 @@ from ..progress import console
 
 class ModelImportConfig(StrictModel):
     source: str
-    out: str
+    out: Optional[str] = None           # None: import into the user cache (what --model builtin:... uses)
     dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
     q_bits: Optional[Literal[4, 8]] = None
     q_group_size: Literal[32, 64, 128] = 64
     json_output: bool = False
+
+
+def import_to_cache(cfg: ModelImportConfig, start: float) -> dict:
+    """Import once into the user cache, exactly where `--model SOURCE` looks; a second call is a no-op."""
+    from ..llm.models import resolve_model
+
+    if cfg.q_bits is not None:
+        raise UserError("--q-bits needs --out DIR (the cache holds the unquantised import)")
+    if not (cfg.source.startswith(BUILTIN_PREFIX) or cfg.source.lower().endswith(".gguf")):
+        raise UserError(f"source {cfg.source!r}: expected a .gguf file, builtin:gemma-3-270m or builtin:tiny-random")
+    source = cfg.source if cfg.source.startswith(BUILTIN_PREFIX) else str(resolve_path(cfg, cfg.source))
+    path = Path(resolve_model(source, cfg.dtype))
+    result = {"source": cfg.source, "dtype": check_dtype(cfg.dtype), "q_bits": None, **describe_model_dir(path),
+              "seconds": round(time.perf_counter() - start, 2)}
+    if not cfg.json_output:
+        console.print(f"model ready in the cache: {result['path']} ({result['size_mb']} MB) in {result['seconds']} s; "
+                      f"use it with --model {cfg.source}")
+    return result
 
 
 def run(cfg: ModelImportConfig) -> dict:
@@ -32,6 +50,8 @@ def run(cfg: ModelImportConfig) -> dict:
     from ..llm.tiny_model import make_tiny_model_dir
 
     start = time.perf_counter()
+    if cfg.out is None:
+        return import_to_cache(cfg, start)
     out = resolve_path(cfg, cfg.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"out: {out} already exists and is not an empty folder")

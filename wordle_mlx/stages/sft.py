@@ -33,7 +33,7 @@ from ..fileio import write_json_atomic
 from ..llm import lora
 from ..llm.prompts import FORMAT_ERRORS, PromptConfig
 from ..llm.sft_loss import SFTBatch, loss_sum, make_batch
-from ..metrics import MetricsWriter
+from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from .data import read_sft_jsonl
 
@@ -196,6 +196,8 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
         write_json_atomic(run_dir / "config.json", saved.model_dump(mode="json"))
 
     loss_and_grad = nn.value_and_grad(model, loss_sum)
+    if resume is not None:
+        truncate_after_step(run_dir / "metrics.jsonl", step)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     metrics.write({"kind": "run", "stage": "sft", "run": run_dir.name, "config_hash": config_hash(saved),
                    "config": saved.model_dump(mode="json"), "time": time.time(),

@@ -145,6 +145,7 @@ def train(config: ConfigOpt = None,
           steps: Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides training.steps).")] = None,
           run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,
           adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Start from this SFT adapter folder (overrides model.adapter).")] = None,
+          overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run folder.")] = False,
           no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
           json_output: JsonFlag = False) -> None:
     """GRPO: play full games every step and update a LoRA adapter (metrics, checkpoints, adapters in logs/<run>)."""
@@ -153,7 +154,7 @@ def train(config: ConfigOpt = None,
         raise UserError("train: give --config FILE (or --resume logs/<run>)")
     cfg = load_config(config if config is not None else resume / "config.json", stage.GRPOConfig, {
         "training.steps": steps, "run_name": run_name, "model.adapter": str(adapter.resolve()) if adapter else None, "resume": str(resume) if resume else None,
-        "progress": False if no_progress else None})
+        "overwrite": overwrite or None, "progress": False if no_progress else None})
     emit(stage.run(cfg), json_output)
 
 

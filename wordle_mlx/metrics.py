@@ -45,12 +45,18 @@ class MetricsWriter:
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self._fh.write(json.dumps(_clean(record), allow_nan=False) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        try:
+            self._fh.write(json.dumps(_clean(record), allow_nan=False) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            raise UserError(f"{self.path}: cannot write metrics: {exc.strerror or exc} (disk full?)") from None
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError:       # a failed write was already reported; the buffer cannot be flushed either
+            pass
 
     def __enter__(self) -> "MetricsWriter":
         return self

@@ -65,6 +65,8 @@ def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], gu
         raise ValueError("think_text needs at least one consistent candidate")
     n = len(candidates)
     is_candidate = guess in candidates
+    if is_candidate:  # name the chosen candidate first, so the guess follows from the list it just wrote
+        candidates = [guess] + [c for c in candidates if c != guess]
     if not history:
         if style == "brief":
             return f"No clues yet. Try {guess.upper()}."

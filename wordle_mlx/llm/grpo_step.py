@@ -23,7 +23,7 @@ import numpy as np
 
 from ..game.rewards import COMPONENTS, ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
-from .grpo_loss import (LossSettings, averaging_weights, batch_arrays, group_advantages, grpo_loss, pack_batch,
+from .grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch,
                         reference_logprobs, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, parse_reply
 from .rollout import GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids, sample_replies
@@ -126,27 +126,46 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
 
 def component_stats(items: Sequence[ScoredItem]) -> dict[str, dict[str, float]]:
     """Mean and std of each reward component over the items (values before weighting)."""
+    return value_stats([it.values for it in items])
+
+
+def value_stats(values: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Mean and std of each reward component over per-item value dicts (also gathered from several ranks)."""
     out = {}
     for name in COMPONENTS:
-        v = np.array([it.values.get(name, 0.0) for it in items], dtype=np.float64)
+        v = np.array([d.get(name, 0.0) for d in values], dtype=np.float64)
         out[name] = {"mean": float(v.mean()) if len(v) else 0.0, "std": float(v.std()) if len(v) else 0.0}
     return out
+
+
+def game_counts(episodes: Sequence[Episode], replies: Sequence[Turn]) -> dict:
+    """The raw counts behind `game_rates`; counts from several ranks add up (`rates_from_counts`)."""
+    return {"games": len(episodes), "won_guesses": [len(ep.state.guesses) for ep in episodes if ep.won],
+            "replies": len(replies), "format_errors": sum(1 for t in replies if t.error in FORMAT_ERRORS),
+            "invalid": sum(1 for t in replies if t.error == NOT_A_WORD),
+            "repeated": sum(1 for ep in episodes for t in ep.turns if t.repeated),
+            "played": sum(1 for ep in episodes for t in ep.turns if t.error is None)}
+
+
+def rates_from_counts(parts: Sequence[dict]) -> dict:
+    """`game_rates` over the union of the games behind several `game_counts` results."""
+    games = sum(p["games"] for p in parts)
+    won = [g for p in parts for g in p["won_guesses"]]
+    n = max(1, sum(p["replies"] for p in parts))
+    played = sum(p["played"] for p in parts)
+    return {
+        "win_rate": len(won) / games if games else 0.0,
+        "mean_guesses": float(np.mean(won)) if won else None,
+        "format_error_rate": sum(p["format_errors"] for p in parts) / n,
+        "invalid_rate": sum(p["invalid"] for p in parts) / n,
+        "repeat_rate": sum(p["repeated"] for p in parts) / played if played else 0.0,
+    }
 
 
 def game_rates(episodes: Sequence[Episode], replies: Sequence[Turn]) -> dict:
     """win_rate, mean_guesses (won games, board guesses included), and rates as in `eval`: format errors and
     invalid words (well-formed, not allowed) over all replies, repeats over played guesses."""
-    won = [len(ep.state.guesses) for ep in episodes if ep.won]
-    n = max(1, len(replies))
-    repeated = sum(1 for ep in episodes for t in ep.turns if t.repeated)
-    played_in_games = sum(1 for ep in episodes for t in ep.turns if t.error is None)
-    return {
-        "win_rate": len(won) / len(episodes) if episodes else 0.0,
-        "mean_guesses": float(np.mean(won)) if won else None,
-        "format_error_rate": sum(1 for t in replies if t.error in FORMAT_ERRORS) / n,
-        "invalid_rate": sum(1 for t in replies if t.error == NOT_A_WORD) / n,
-        "repeat_rate": repeated / played_in_games if played_in_games else 0.0,
-    }
+    return rates_from_counts([game_counts(episodes, replies)])
 
 
 @dataclass
@@ -172,12 +191,27 @@ class UpdateResult:
     seconds: float
 
 
-def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings) -> UpdateResult:
+def shared_weights(lengths: Sequence[int], averaging: str, total_tokens: float, total_sequences: float) -> list:
+    """`averaging_weights` normalised over the whole step's sequences, which may live on several ranks."""
+    if averaging == "token":
+        return [np.full(n, 1.0 / total_tokens) for n in lengths]
+    if averaging == "sequence":
+        return [np.full(n, 1.0 / (n * total_sequences)) for n in lengths]
+    raise ValueError(f"unknown averaging {averaging!r}; use 'token' or 'sequence'")
+
+
+def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings, world=None) -> UpdateResult:
+    """One update from `items`. With a `World` of several ranks, `items` are this rank's share: the averaging
+    weights use the global token/sequence counts, gradient sums and loss statistics are all-reduced, and every
+    rank applies the same update (the one a single process would make on all the items)."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
     from mlx.utils import tree_map
 
+    from .distributed import World
+
+    world = world or World()
     start = time.perf_counter()
     advantages, skipped = group_advantages([it.reward for it in items], [it.group for it in items],
                                            scale=s.scale_advantages)
@@ -189,9 +223,12 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
                 if sum(seq.mask) > 0:
                     seqs.append(seq)
                     advs.append(float(a))
-    if not seqs:
+    lengths = [sum(q.mask) for q in seqs]
+    total_tokens, total_seqs, skipped = world.sum_floats([sum(lengths), len(seqs), skipped])
+    skipped = int(skipped)
+    if total_seqs == 0:
         return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start)
-    weights = averaging_weights([sum(q.mask) for q in seqs], s.averaging)
+    weights = shared_weights(lengths, s.averaging, total_tokens, total_seqs)
     model.train()
 
     def loss_of(arrays, ref):
@@ -199,7 +236,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
 
     value_and_grad = nn.value_and_grad(model, loss_of)
     grads, total_loss, kl, clip = None, 0.0, 0.0, 0.0
-    for idx in split_batch(seqs, s.max_tokens, s.max_loss_tokens):
+    for idx in split_batch(seqs, s.max_tokens, s.max_loss_tokens) if seqs else []:
         batch = pack_batch([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
         arrays = batch_arrays(batch)
         ref = reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None
@@ -209,6 +246,10 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         total_loss += loss.item()
         kl += stats["kl"].item()
         clip += stats["clip_fraction"].item()
+    if grads is None:                    # nothing trainable on this rank; the others still need its zeros
+        grads = tree_map(mx.zeros_like, model.trainable_parameters())
+    grads = world.sum_tree(grads)
+    total_loss, kl, clip = world.sum_floats([total_loss, kl, clip])
     if s.max_grad_norm > 0:
         grads, norm = optim.clip_grad_norm(grads, s.max_grad_norm)
     else:
@@ -219,7 +260,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         optimizer.update(model, grads)
         mx.eval(model.trainable_parameters(), optimizer.state)
     model.eval()
-    return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, sum(sum(q.mask) for q in seqs),
+    return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, int(total_tokens),
                         time.perf_counter() - start)
 
 

@@ -8,7 +8,11 @@ plus `base_model` for our own mismatch check; `mlx_lm.load(model, adapter_path=.
 `mlx_lm.generate --adapter-path` accept the folder. A checkpoint folder adds `optimizer.safetensors`
 (the flattened optimizer state, step included) and `trainer_state.json`; it is written in a temporary
 sibling folder and renamed, and `latest` (a one-line file naming the newest complete checkpoint) is
-replaced atomically afterwards, so a crash at any moment leaves the previous checkpoint usable.
+replaced atomically afterwards, so a crash at any moment leaves the previous checkpoint usable. A write
+that fails (disk full, permissions) becomes a one-line `UserError` naming the path, and an unreadable
+checkpoint file a `UserError` naming that file. Test hook: `WORDLE_MLX_FAULT=checkpoint-write:N` makes
+the N-th `save_checkpoint` of the process die with `os._exit(137)` (as `kill -9` would) halfway through
+writing its files; `benchmarks/fault_injection.py` and `tests/test_faults.py` use it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,25 @@ def adapter_weights(model) -> dict[str, mx.array]:
     return dict(tree_flatten(model.trainable_parameters()))
 
 
+_checkpoint_writes = 0
+
+
+def _fault_hook_mid_checkpoint() -> None:
+    """The WORDLE_MLX_FAULT=checkpoint-write:N test hook (see the module docstring); a no-op otherwise."""
+    global _checkpoint_writes
+    spec = os.environ.get("WORDLE_MLX_FAULT", "")
+    if not spec.startswith("checkpoint-write:"):
+        return
+    _checkpoint_writes += 1
+    if _checkpoint_writes == int(spec.split(":", 1)[1]):
+        os._exit(137)
+
+
+def _write_failed(what: str, path: Path, exc: BaseException) -> UserError:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
+    return UserError(f"{path}: cannot write {what}: {reason} (disk full?)")
+
+
 def _write_adapter_files(folder: Path, model, config: dict) -> None:
     mx.save_safetensors(str(folder / ADAPTER_WEIGHTS), adapter_weights(model))
     write_json_atomic(folder / ADAPTER_CONFIG, config)
@@ -91,6 +114,9 @@ def save_adapters(folder: str | Path, model, config: dict) -> Path:
     try:
         _write_adapter_files(tmp, model, config)
         _publish_dir(tmp, folder)
+    except (OSError, RuntimeError) as exc:     # MLX reports a full disk as RuntimeError("[write] ...")
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_failed("adapters", folder, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -101,16 +127,23 @@ def save_checkpoint(checkpoints: str | Path, step: int, model, optimizer, config
     """checkpoints/step_NNNNNN/ with adapters, optimizer state and trainer state; then `latest` points at it."""
     checkpoints = Path(checkpoints)
     target = checkpoints / f"step_{step:06d}"
-    tmp = _temp_dir_beside(target)
+    try:
+        tmp = _temp_dir_beside(target)
+    except OSError as exc:
+        raise _write_failed("checkpoint", target, exc) from None
     try:
         _write_adapter_files(tmp, model, config)
+        _fault_hook_mid_checkpoint()
         mx.save_safetensors(str(tmp / OPTIMIZER_STATE), dict(tree_flatten(optimizer.state)))
         write_json_atomic(tmp / TRAINER_STATE, {"step": step, **state})
         _publish_dir(tmp, target)
+        write_text_atomic(checkpoints / LATEST, target.name + "\n")
+    except (OSError, RuntimeError) as exc:     # MLX reports a full disk as RuntimeError("[write] ...")
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_failed("checkpoint", target, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    write_text_atomic(checkpoints / LATEST, target.name + "\n")
     return target
 
 
@@ -122,6 +155,8 @@ def prune_checkpoints(checkpoints: str | Path, keep: int) -> None:
     for old in done[: max(len(done) - keep, 0)]:
         if latest is None or old != latest:
             shutil.rmtree(old, ignore_errors=True)
+    for stale in checkpoints.glob(".step_*"):   # temp folders of writes killed midway (one writer per run)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def latest_checkpoint(checkpoints: str | Path) -> Path | None:
@@ -129,8 +164,9 @@ def latest_checkpoint(checkpoints: str | Path) -> Path | None:
     checkpoints = Path(checkpoints)
     pointer = checkpoints / LATEST
     if pointer.is_file():
-        named = checkpoints / pointer.read_text().strip()
-        if (named / TRAINER_STATE).is_file():
+        name = pointer.read_text(errors="replace").strip()
+        named = checkpoints / name
+        if name.startswith("step_") and "/" not in name and (named / TRAINER_STATE).is_file():
             return named
     done = sorted(p for p in checkpoints.glob("step_*") if (p / TRAINER_STATE).is_file())
     return done[-1] if done else None
@@ -146,15 +182,22 @@ def _set_path(tree, path: list[str], value) -> None:
         node[path[-1]] = value
 
 
+def _read_checkpoint_file(path: Path, reader):
+    try:
+        return reader(str(path))
+    except (OSError, ValueError, RuntimeError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
+        raise UserError(f"{path}: unreadable checkpoint file: {detail[:200]}") from None
+
+
 def load_checkpoint(folder: str | Path, model, optimizer) -> dict:
     """Restore adapter weights and optimizer state from `folder`; returns the trainer state."""
     folder = Path(folder)
-    try:
-        weights = mx.load(str(folder / ADAPTER_WEIGHTS))
-        saved_opt = mx.load(str(folder / OPTIMIZER_STATE))
-        state = json.loads((folder / TRAINER_STATE).read_text())
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise UserError(f"{folder}: unreadable checkpoint: {exc}") from None
+    weights = _read_checkpoint_file(folder / ADAPTER_WEIGHTS, mx.load)
+    saved_opt = _read_checkpoint_file(folder / OPTIMIZER_STATE, mx.load)
+    state = _read_checkpoint_file(folder / TRAINER_STATE, lambda p: json.loads(Path(p).read_text()))
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise UserError(f"{folder / TRAINER_STATE}: corrupt checkpoint: no integer 'step'")
     expected = adapter_weights(model)
     if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in weights):
         raise UserError(f"{folder}: checkpoint adapters do not match this model's LoRA layers")

@@ -206,11 +206,21 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
     except (OSError, ValueError) as exc:
         where = "Hugging Face repo" if isinstance(location, str) else "model folder"
         raise UserError(f"model {spec!r}: cannot load {where} {location}: {str(exc).splitlines()[0]}") from None
+    except RuntimeError as exc:    # MLX: a truncated or corrupt .safetensors file
+        raise UserError(f"model {spec!r}: corrupt weights in {location}: {' '.join(str(exc).split())[:200]} "
+                        "(delete the folder to rebuild a cached model)") from None
     if adapter_path is not None:
         from mlx_lm.tuner.utils import load_adapters
 
+        from ..config import read_json_file
+
+        if not isinstance(read_json_file(adapter / "adapter_config.json"), dict):
+            raise UserError(f"{adapter / 'adapter_config.json'}: expected a JSON object")
         try:
             model = load_adapters(model, str(adapter))
+        except RuntimeError as exc:    # MLX: a truncated or corrupt adapters.safetensors
+            raise UserError(f"{adapter / 'adapters.safetensors'}: unreadable adapter weights: "
+                            f"{' '.join(str(exc).split())[:200]}") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             detail = " ".join(str(exc).split())[:300]
             raise UserError(f"adapter {str(adapter_path)!r} does not fit model {spec!r}: {detail}") from None

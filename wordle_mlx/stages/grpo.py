@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Literal
@@ -35,7 +36,7 @@ from ..game.seeding import HistoryPolicy, seed_history
 from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.words import answers, guess_list
-from ..metrics import MetricsWriter
+from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from .entropy import load_table
 from ..llm.prompts import PromptConfig
@@ -147,6 +148,7 @@ class GRPOConfig(StrictModel):
     logs_dir: str = Field("logs", description="Run folders go here (relative to the config file).")
     run_name: str | None = None
     resume: str | None = Field(None, description="Run folder to continue from its latest checkpoint.")
+    overwrite: bool = Field(False, description="Replace an existing run folder of the same name.")
     progress: bool = True
 
 
@@ -253,15 +255,20 @@ def make_optimizer(cfg: GRPOConfig):
     return optim.AdamW(learning_rate=schedule, weight_decay=t.weight_decay), schedule
 
 
-def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: frozenset, step: int) -> dict:
-    from ..llm.grpo_step import game_rates
+def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: frozenset, step: int, world) -> dict:
+    """Play the fixed validation words (each rank its share, results gathered in the words' order)."""
+    from ..llm.distributed import interleave
+    from ..llm.grpo_step import game_counts, rates_from_counts
     from ..llm.rollout import play_games
 
     rcfg = rollout_config(cfg, cfg.validation.temperature, step_seed(cfg.training.seed, 0, 1))
-    episodes = play_games(model, tokenizer, [GameSpec(w) for w in words], rcfg, allowed)
+    mine = world.shard(words)
+    episodes = play_games(model, tokenizer, [GameSpec(w) for w in mine], rcfg, allowed) if mine else []
     replies = [t for ep in episodes for t in ep.turns]
-    return {"kind": "valid", "step": step, "time": time.time(), **game_rates(episodes, replies),
-            "games": [ep.outcome() for ep in episodes]}
+    parts = world.gather_json({"counts": game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes]},
+                              "all_gather of validation games")
+    return {"kind": "valid", "step": step, "time": time.time(), **rates_from_counts([p["counts"] for p in parts]),
+            "games": interleave([p["games"] for p in parts])}
 
 
 def run(cfg: GRPOConfig, generate_fn=None) -> dict:
@@ -270,28 +277,38 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     from ..llm import grpo_step
     from ..llm.generation import BatchedGenerator
     from ..llm.grpo_loss import LossSettings
+    from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
 
     t, rl = cfg.training, cfg.rl
-    if cfg.resume:
+    world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
+    world.check_divisible(t.batch_prompts, "training.batch_prompts")
+    main, show = world.is_main, cfg.progress and world.is_main     # rank 0 alone writes files and prints
+    run_dir = None
+    if main and cfg.resume:
         run_dir = Path(cfg.resume)
         if not (run_dir / "metrics.jsonl").is_file():
             raise UserError(f"resume: {run_dir} is not a run folder (no metrics.jsonl)")
-    else:
+    elif main:
         name = cfg.run_name or time.strftime("grpo-%Y%m%d-%H%M%S")
         run_dir = resolve_path(cfg, cfg.logs_dir).resolve() / name
-        if (run_dir / "metrics.jsonl").exists():
-            raise UserError(f"run folder {run_dir} already exists; pick another run_name or use --resume {run_dir}")
+        if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.json").exists():
+            if not cfg.overwrite:
+                raise UserError(f"run folder {run_dir} already exists; pass --overwrite, pick another run_name "
+                                f"or use --resume {run_dir}")
+            shutil.rmtree(run_dir)
+    run_dir = Path(world.broadcast_json(str(run_dir) if main else None))
     saved_cfg = cfg.model_dump(mode="json")
     if cfg.model.adapter:
         saved_cfg["model"]["adapter"] = str(resolve_path(cfg, cfg.model.adapter).resolve())
     if cfg.prompts.path:
         saved_cfg["prompts"]["path"] = str(resolve_path(cfg, cfg.prompts.path).resolve())
     saved_cfg["resume"] = None
+    saved_cfg["overwrite"] = False
     saved_cfg["logs_dir"] = str(run_dir.parent.resolve())
     saved_cfg["run_name"] = run_dir.name
 
-    table = load_table(show_progress=cfg.progress)
+    table = load_table(show_progress=show)
     solver = Solver(table)
     allowed = frozenset(guess_list())
     rewards = Rewards(cfg.reward.weights(), answers(), max_guesses=rl.max_turns)
@@ -311,77 +328,103 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
     step = 0
     if cfg.resume:
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
-        if ckpt is None:
-            raise UserError(f"resume: {run_dir} has no complete checkpoint")
-        saved = load_checkpoint(ckpt, model, optimizer)
+        saved = None
+        if main:                         # rank 0 reads the checkpoint; the others receive it below
+            ckpt = latest_checkpoint(run_dir / "checkpoints")
+            if ckpt is None:
+                raise UserError(f"resume: {run_dir} has no complete checkpoint")
+            saved = load_checkpoint(ckpt, model, optimizer)
+        saved = world.broadcast_json(saved)
+        check_world_size(saved, world, f"resume {run_dir}")
         step = int(saved["step"])
         prompts.restore(saved)
         kind, keys, pos, has_gauss, gauss = saved["numpy_random"]
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
         st.update({k: saved[k] for k in st})
-    else:
+    elif main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run_dir / "config.json", saved_cfg)
+    world.broadcast_training_state(model, optimizer)     # every rank starts from rank 0's weights and moments
+
+    def rank_seed(seed: int) -> int:
+        """Each rank samples its games from its own stream (rank 0's is the single-process one)."""
+        return (seed + world.rank * 15_485_863) % (2 ** 31)
 
     def checkpoint(at: int) -> Path:
+        if not main:
+            return run_dir / "checkpoints"
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         state = {**prompts.state(), **st, "run": run_dir.name, "mx_seed_next": step_seed(t.seed, at + 1),
+                 "world_size": world.size,
                  "numpy_random": [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)]}
         path = save_checkpoint(run_dir / "checkpoints", at, model, optimizer, acfg, state)
         prune_checkpoints(run_dir / "checkpoints", t.keep_checkpoints)
         return path
 
-    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    if cfg.resume and main:
+        truncate_after_step(run_dir / "metrics.jsonl", step)   # steps logged after the checkpoint are redone
+    metrics = MetricsWriter(run_dir / "metrics.jsonl") if main else NullWriter()
     metrics.write({"kind": "run", "stage": "grpo", "run": run_dir.name, "config_hash": config_hash(cfg),
-                   "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None})
+                   "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None,
+                   "world_size": world.size})
     stop_reason, last, before_step, done_step = "finished", {}, prompts.state(), step
     try:
-        with progress_bar("grpo", t.steps, enabled=cfg.progress) as advance:
+        with progress_bar("grpo", t.steps, enabled=show) as advance:
             advance(step)
             while step < t.steps:
                 step += 1
                 mx.reset_peak_memory()
                 lr = float(schedule(optimizer.step))
                 before_step = prompts.state()
-                specs = prompts.draw(t.batch_prompts)
-                mx.random.seed(step_seed(t.seed, step))
-                rcfg = rollout_config(cfg, rl.temperature, step_seed(t.seed, step))
+                specs = world.shard(prompts.draw(t.batch_prompts))   # prompts rank, rank + size, ... of the batch
+                mx.random.seed(rank_seed(step_seed(t.seed, step)))
+                rcfg = rollout_config(cfg, rl.temperature, rank_seed(step_seed(t.seed, step)))
                 out = rollout(model, tokenizer, specs, rl.num_generations, rcfg, allowed, rewards, generate)
                 items, episodes, replies = list(out.items), list(out.episodes), list(out.replies)
                 tokens, rollout_s, resampled = out.tokens_generated, out.seconds, 0
                 for round_ in range(1, cfg.grpo.resample_zero_variance + 1):
                     _, dead = grpo_step.zero_variance_groups(items)
-                    if not dead:
+                    n_dead = int(world.sum_floats([len(dead)], "all_sum of zero-variance groups")[0])
+                    if not n_dead:
                         break
-                    mx.random.seed(step_seed(t.seed, step, round_))
-                    more = rollout(model, tokenizer, prompts.draw(len(dead)), rl.num_generations, rcfg, allowed,
-                                   rewards, generate)
+                    mx.random.seed(rank_seed(step_seed(t.seed, step, round_)))
+                    fresh = world.shard(prompts.draw(n_dead))
                     offset = 1 + max(it.group for it in items)
+                    items = [it for it in items if it.group not in dead]
+                    resampled += n_dead
+                    if not fresh:
+                        continue
+                    more = rollout(model, tokenizer, fresh, rl.num_generations, rcfg, allowed, rewards, generate)
                     for it in more.items:
                         it.group += offset
-                    items = [it for it in items if it.group not in dead] + list(more.items)
+                    items += list(more.items)
                     episodes += more.episodes
                     replies += more.replies
                     tokens += more.tokens_generated
                     rollout_s += more.seconds
-                    resampled += len(dead)
-                upd = grpo_step.policy_update(model, optimizer, items, settings)
+                upd = grpo_step.policy_update(model, optimizer, items, settings, world)
                 if upd.finite:
                     st["nonfinite_in_row"] = 0
                 else:
                     st["nonfinite_in_row"] += 1
                     st["nonfinite_total"] += 1
-                totals = np.array([it.reward for it in items])
+                parts = world.gather_json({      # every rank's games, so the metrics cover the whole batch
+                    "rewards": [it.reward for it in items], "values": [it.values for it in items],
+                    "counts": grpo_step.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
+                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9]})
+                totals = np.array([r for p in parts for r in p["rewards"]])
+                slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
                         "kl": upd.kl, "grad_norm": upd.grad_norm, "reward_mean": float(totals.mean()),
-                        "reward_std": float(totals.std()), "rewards": grpo_step.component_stats(items),
-                        **grpo_step.game_rates(episodes, replies), "skipped_groups": upd.skipped_groups,
+                        "reward_std": float(totals.std()),
+                        "rewards": grpo_step.value_stats([v for p in parts for v in p["values"]]),
+                        **grpo_step.rates_from_counts([p["counts"] for p in parts]),
+                        "skipped_groups": upd.skipped_groups,
                         "resampled_groups": resampled, "nonfinite_skips": st["nonfinite_total"],
-                        "clip_fraction": upd.clip_fraction, "tokens_generated": tokens,
-                        "trained_tokens": upd.trained_tokens, "rollout_seconds": rollout_s,
-                        "update_seconds": upd.seconds, "peak_memory_gb": mx.get_peak_memory() / 1e9,
-                        "games": [ep.outcome() for ep in episodes]}
+                        "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
+                        "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],
+                        "update_seconds": slowest[1], "peak_memory_gb": slowest[2],
+                        "games": [g for p in parts for g in p["games"]]}
                 metrics.write(last)
                 done_step = step
                 advance(1, info=f"win {100 * last['win_rate']:.0f}%  reward {last['reward_mean']:.3f}  "
@@ -392,11 +435,12 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                                         f"{st['nonfinite_in_row']} steps in a row (updates skipped); "
                                         f"checkpoint saved in {path}")
                 if cfg.validation.every and (step % cfg.validation.every == 0 or step == t.steps):
-                    rec = validate(model, tokenizer, cfg, valid_words, allowed, step)
+                    rec = validate(model, tokenizer, cfg, valid_words, allowed, step, world)
                     metrics.write(rec)
                     if st["best_win_rate"] is None or rec["win_rate"] > st["best_win_rate"]:
                         st["best_win_rate"], st["bad_validations"] = rec["win_rate"], 0
-                        save_adapters(run_dir / "adapters_best", model, acfg)
+                        if main:
+                            save_adapters(run_dir / "adapters_best", model, acfg)
                     else:
                         st["bad_validations"] += 1
                     patience = cfg.validation.early_stopping_patience
@@ -414,8 +458,10 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     finally:
         metrics.close()
     path = checkpoint(step)
-    save_adapters(run_dir / "adapters", model, acfg)
-    console.print(f"{stop_reason} at step {step}: adapters in {run_dir / 'adapters'}, checkpoint {path}")
+    write_weights_hash(model, world, "grpo")
+    if main:
+        save_adapters(run_dir / "adapters", model, acfg)
+        console.print(f"{stop_reason} at step {step}: adapters in {run_dir / 'adapters'}, checkpoint {path}")
     return {"run": str(run_dir), "step": step, "stopped": stop_reason, "adapters": str(run_dir / "adapters"),
             "checkpoint": str(path), "last": {k: v for k, v in last.items() if k != "games"}}
 

@@ -1,0 +1,50 @@
+"""Every shipped config in config/ validates against its stage's model, and its paths resolve sensibly."""
+
+from __future__ import annotations
+
+import unittest
+from pathlib import Path
+
+from wordle_mlx.config import load_config, resolve_path
+from wordle_mlx.stages.data import DataConfig
+from wordle_mlx.stages.grpo import GRPOConfig
+from wordle_mlx.stages.sft import SFTConfig
+
+CONFIG = Path(__file__).resolve().parent.parent / "config"
+MODELS = {"data": DataConfig, "demo_data": DataConfig, "sft": SFTConfig, "demo_sft": SFTConfig,
+          "grpo": GRPOConfig, "demo_grpo": GRPOConfig}
+
+
+def model_for(path: Path):
+    stem = path.stem
+    for prefix in ("demo_data", "demo_sft", "demo_grpo", "data", "sft", "grpo"):
+        if stem.startswith(prefix):
+            return MODELS[prefix]
+    raise AssertionError(f"no stage model known for {path.name}")
+
+
+class ShippedConfigTest(unittest.TestCase):
+    def test_every_config_validates(self):
+        files = sorted(CONFIG.glob("*.json"))
+        self.assertGreaterEqual(len(files), 8)
+        for path in files:
+            with self.subTest(config=path.name):
+                cfg = load_config(path, model_for(path))
+                self.assertTrue(resolve_path(cfg, "x").is_relative_to(CONFIG))
+
+    def test_pipeline_paths_chain(self):
+        """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
+        pairs = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("demo_sft", "demo_grpo", "demo_data"),
+                 ("sft_lora_config", "grpo_lora_config", "data")]
+        for sft_name, grpo_name, data_name in pairs:
+            with self.subTest(sft=sft_name):
+                sft = load_config(CONFIG / f"{sft_name}.json", SFTConfig)
+                grpo = load_config(CONFIG / f"{grpo_name}.json", GRPOConfig)
+                data = load_config(CONFIG / f"{data_name}.json", DataConfig)
+                self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
+                sft_adapters = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
+                self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), sft_adapters)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -4,7 +4,9 @@ Runs the real CLI as subprocesses on the tiny random model with tiny configs in 
 uninterrupted reference run per command; then, per trial, a run killed with SIGKILL either at a random
 moment of its training loop or (every third trial) inside a checkpoint write through the test hook
 `WORDLE_MLX_FAULT=checkpoint-write:N` (llm/lora.py), followed by `--resume` to the end (or, when no
-checkpoint was complete yet, a clean one-line refusal and a fresh run with `--overwrite`). Every trial
+checkpoint was complete yet, a clean one-line refusal and a fresh run with `--overwrite`). The random
+moment is picked as "after k logged steps (k uniform), plus a uniform fraction of one step", so kills
+spread over the whole run however loaded the machine is. Every trial
 checks: the resume started from the newest complete checkpoint on disk; the metrics JSONL holds each
 step exactly once; every step's loss and grad norm and the final adapter equal the reference run's
 bitwise (CPU, same seed); no traceback. With `--disk-full` (needs root for `mount -t tmpfs`) it also
@@ -137,6 +139,19 @@ def wait_for_metrics(run_dir: Path, proc: subprocess.Popen, limit: float = 300) 
     return time.monotonic()
 
 
+def wait_for_steps(run_dir: Path, kind: str, steps: int, proc: subprocess.Popen) -> None:
+    """Wait until the metrics file holds `steps` step records of `kind` (or the process has ended)."""
+    marker = f'"kind": "{kind}"'.encode()
+    while proc.poll() is None:
+        try:
+            logged = sum(marker in line for line in (run_dir / "metrics.jsonl").read_bytes().splitlines())
+        except FileNotFoundError:
+            logged = -1
+        if logged >= steps:
+            return
+        time.sleep(0.01)
+
+
 def run_trial(ws: Path, stage: str, ref: Reference, rng: random.Random, use_hook: bool) -> Trial:
     cmd, cfg_file, kind, total_steps, n_checkpoints = STAGES[stage]
     run_dir = ws / "logs" / ("sft" if stage == "sft" else "grpo")
@@ -146,11 +161,10 @@ def run_trial(ws: Path, stage: str, ref: Reference, rng: random.Random, use_hook
     trial = Trial(stage, env.get("WORDLE_MLX_FAULT", "timer"))
     proc = subprocess.Popen(cli_command() + [cmd, "--config", cfg_file, "--overwrite", "--no-progress"], cwd=ws,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if not use_hook:
-        wait_for_metrics(run_dir, proc)
-        delay = rng.uniform(0, 0.95 * ref.train_seconds)
+    if not use_hook:      # after a random number of logged steps, at a random moment of the next step
+        wait_for_steps(run_dir, kind, rng.randint(0, total_steps - 1), proc)
         try:
-            proc.wait(timeout=delay)
+            proc.wait(timeout=rng.uniform(0, ref.train_seconds / total_steps))
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=600)

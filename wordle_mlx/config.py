@@ -21,7 +21,7 @@ M = TypeVar("M", bound="StrictModel")
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
     _base_dir: Path | None = PrivateAttr(default=None)
     _source: str = PrivateAttr(default="")
 

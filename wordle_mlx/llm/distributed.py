@@ -139,6 +139,45 @@ class World:
     def barrier(self, what: str = "barrier") -> None:
         self.sum_floats([0.0], what)
 
+    def broadcast_training_state(self, model, optimizer=None) -> None:
+        """Give every rank rank 0's trainable weights (and optimizer state): identical starting points."""
+        if self.size == 1:
+            return
+        weights = self.broadcast_tree(model.trainable_parameters())
+        model.load_weights(tree_flatten(weights), strict=False)
+        if optimizer is not None and optimizer.state:
+            for key, value in tree_flatten(self.broadcast_tree(optimizer.state, "optimizer state broadcast")):
+                _set_leaf(optimizer.state, key.split("."), value)
+        mx.eval(model.parameters(), optimizer.state if optimizer is not None else [])
+
+
+def _set_leaf(tree, path: list[str], value) -> None:
+    for key in path[:-1]:
+        tree = tree[int(key)] if isinstance(tree, list) else tree[key]
+    if isinstance(tree, list):
+        tree[int(path[-1])] = value
+    else:
+        tree[path[-1]] = value
+
+
+def interleave(per_rank: list[list]) -> list:
+    """Undo `shard`: item k of rank r goes back to global position r + k * size."""
+    out, k = [], 0
+    while any(k < len(part) for part in per_rank):
+        out.extend(part[k] for part in per_rank if k < len(part))
+        k += 1
+    return out
+
+
+class NullWriter:
+    """Stands in for the metrics writer on ranks other than 0 (only rank 0 writes files)."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
 
 def _stalled(rank: int, what: str, timeout: float) -> None:
     print(f"error: rank {rank}: {what} did not finish within {timeout:.0f} s (another rank is stuck or gone; "
@@ -164,8 +203,13 @@ def check_world_size(saved_state: dict, world: World, where: str) -> None:
 
 def weights_hash(model) -> str:
     """SHA-256 over the names, shapes, dtypes and bytes of the trainable (LoRA) weights."""
+    return arrays_hash(dict(tree_flatten(model.trainable_parameters())))
+
+
+def arrays_hash(arrays: dict) -> str:
+    """SHA-256 of named arrays (e.g. `mx.load` of an adapters.safetensors), independent of their order."""
     h = hashlib.sha256()
-    for name, value in sorted(tree_flatten(model.trainable_parameters())):
+    for name, value in sorted(arrays.items()):
         arr = np.array(value.astype(mx.float32)) if value.dtype == mx.bfloat16 else np.array(value)
         h.update(f"{name}:{arr.shape}:{arr.dtype}".encode())
         h.update(np.ascontiguousarray(arr).tobytes())

@@ -40,7 +40,7 @@ class SamplingConfig(StrictModel):
     completion_batch_size: int = Field(32, ge=1, description="Sequences decoded together per forward step.")
     prefill_step_size: int = Field(2048, ge=16, description="Prompt tokens per prefill forward pass.")
     reuse_prefix: bool = Field(True, description="Prefill the shared prompt prefix once and share its KV cache.")
-    seed: int = Field(0, description="Seed of MLX's sampling RNG (set once per play_games/sample_replies call).")
+    seed: int = Field(0, ge=0, lt=2 ** 32, description="Seed of MLX's sampling RNG (set once per play_games/sample_replies call).")
 
 
 @dataclass

@@ -211,9 +211,16 @@ def split_stats(records: list[dict], cfg: DataConfig) -> dict:
     return stats
 
 
+def word_list_spec(cfg: DataConfig, spec: str) -> str:
+    """A builtin list name as is; a file path resolved against the config file's folder."""
+    from ..game.words import BUILTIN_LISTS
+    return spec if spec in BUILTIN_LISTS else str(resolve_path(cfg, spec))
+
+
 def run(cfg: DataConfig) -> dict:
     out = resolve_path(cfg, cfg.out).resolve()
-    table = load_table(cfg.answers_list, cfg.allowed_list, show_progress=cfg.progress)
+    table = load_table(word_list_spec(cfg, cfg.answers_list), word_list_spec(cfg, cfg.allowed_list),
+                       show_progress=cfg.progress)
     solver = Solver(table)
     splits = split_answers(table.answers)
     split_sets = {name: set(words) for name, words in splits.items()}

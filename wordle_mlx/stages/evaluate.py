@@ -46,7 +46,7 @@ class EvalConfig(StrictModel):
     games: int = Field(200, ge=1, description="Play the first N words of the split.")
     split: Literal["test", "valid", "train"] = "test"
     history: Literal["none", "seeded"] = "none"
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2 ** 32)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     baselines: bool = True
     timeout: float | None = Field(None, gt=0, description="Seconds for the whole eval.")

@@ -70,7 +70,7 @@ class TrainingSection(StrictModel):
     checkpoint_every: int = Field(10, ge=0, description="0 = only at the end.")
     keep_checkpoints: int = Field(3, ge=1)
     max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2 ** 32)
 
 
 class RLSection(StrictModel):

@@ -35,7 +35,7 @@ class PlayConfig(StrictModel):
     adapter: str | None = None
     dtype: str | None = None
     secret: str | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2 ** 32)
     human: bool = False
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 

@@ -58,7 +58,7 @@ class SFTConfig(StrictModel):
     data: str = "../data/sft"
     logs_dir: str = "../logs"
     run_name: str | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2 ** 32)
     lora: LoraConfig = LoraConfig()
     steps: int = Field(200, ge=1)
     batch_size: int = Field(4, ge=1)
@@ -100,11 +100,14 @@ def tokenize(records: list[dict], tokenizer, source: Path) -> list[tuple[list[in
     return out
 
 
-def make_batches(seqs: list[tuple[list[int], int]], cfg: SFTConfig) -> list[SFTBatch]:
-    """Length buckets: examples sorted by length, cut into batches of `batch_size` (the last may be smaller)."""
+def make_batches(seqs: list[tuple[list[int], int]], cfg: SFTConfig, world=None) -> list[SFTBatch | None]:
+    """Length buckets: examples sorted by length, cut into batches of `batch_size` (the last may be smaller).
+    With several ranks each global batch is split: a rank keeps its examples rank, rank + size, ... of it
+    (None when a short last batch leaves it none)."""
+    rank, size = (world.rank, world.size) if world is not None else (0, 1)
     order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i][0]), i))
-    return [make_batch([seqs[i] for i in order[s:s + cfg.batch_size]], cfg.pad_to, cfg.max_seq_length)
-            for s in range(0, len(order), cfg.batch_size)]
+    shares = [order[s:s + cfg.batch_size][rank::size] for s in range(0, len(order), cfg.batch_size)]
+    return [make_batch([seqs[i] for i in mine], cfg.pad_to, cfg.max_seq_length) if mine else None for mine in shares]
 
 
 def batch_at(position: int, n_batches: int, seed: int) -> int:
@@ -113,28 +116,55 @@ def batch_at(position: int, n_batches: int, seed: int) -> int:
     return int(np.random.default_rng([seed, epoch]).permutation(n_batches)[offset])
 
 
-def evaluate_loss(model, batches: list[SFTBatch]) -> float:
+def mean_gradient(model, loss_and_grad, batches: list[SFTBatch | None], world=None):
+    """(gradient of the token-mean loss, summed loss, target tokens, tokens) over `batches` on every rank:
+    gradient and loss *sums* are all-reduced and divided once by the global target count, which equals
+    the one-process gradient on the union of the ranks' examples. A None batch contributes nothing."""
+    grads, total, count, length = None, 0.0, 0.0, 0
+    for b in batches:
+        if b is None:                    # this rank has no example in a short last batch
+            continue
+        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights)
+        grads = g if grads is None else tree_map(mx.add, grads, g)
+        mx.eval(grads, s, n)
+        total, count, length = total + s.item(), count + n.item(), length + b.length
+    if grads is None:
+        grads = tree_map(mx.zeros_like, model.trainable_parameters())
+    if world is not None:
+        grads = world.sum_tree(grads)
+        total, count, length = world.sum_floats([total, count, length])
+    return tree_map(lambda x: x / count, grads), total, count, int(length)
+
+
+def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
+    """Token-weighted validation loss; with several ranks, over every rank's batches."""
     total, count = 0.0, 0.0
     for b in batches:
         s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights)
         mx.eval(s, n)
         total, count = total + s.item(), count + n.item()
+    if world is not None:
+        total, count = world.sum_floats([total, count], "all_sum of validation loss")
     return total / max(count, 1.0)
 
 
-def game_eval(model, tokenizer, cfg: SFTConfig, prompt: PromptConfig) -> dict:
+def game_eval(model, tokenizer, cfg: SFTConfig, prompt: PromptConfig, world) -> dict:
     from ..game.splits import split_words
     from ..game.words import guess_list
+    from ..llm.distributed import interleave
     from ..llm.rollout import GameSpec, RolloutConfig, play_games
 
-    specs = [GameSpec(secret=w) for w in split_words("valid")[: cfg.game_eval.games]]
+    specs = [GameSpec(secret=w) for w in world.shard(split_words("valid")[: cfg.game_eval.games])]
     rcfg = RolloutConfig(prompt=prompt, max_tokens_per_turn=cfg.game_eval.max_tokens_per_turn)
-    episodes = play_games(model, tokenizer, specs, rcfg, set(guess_list()))
+    episodes = play_games(model, tokenizer, specs, rcfg, set(guess_list())) if specs else []
     model.train()
     turns = [t for e in episodes for t in e.turns]
-    return {"win_rate": float(np.mean([e.won for e in episodes])),
-            "format_error_rate": float(np.mean([t.error in FORMAT_ERRORS for t in turns])) if turns else 0.0,
-            "games": [e.outcome() for e in episodes]}
+    parts = world.gather_json({"won": [e.won for e in episodes], "games": [e.outcome() for e in episodes],
+                               "format_errors": [t.error in FORMAT_ERRORS for t in turns]}, "all_gather of eval games")
+    won, errors = [w for p in parts for w in p["won"]], [f for p in parts for f in p["format_errors"]]
+    return {"win_rate": float(np.mean(won)),
+            "format_error_rate": float(np.mean(errors)) if errors else 0.0,
+            "games": interleave([p["games"] for p in parts])}
 
 
 def prepare_run_dir(cfg: SFTConfig, resume: str | None, overwrite: bool) -> Path:
@@ -163,9 +193,13 @@ def load_data(cfg: SFTConfig):
 
 
 def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+    from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.models import load_model
 
-    run_dir = prepare_run_dir(cfg, resume, overwrite)
+    world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
+    world.check_divisible(cfg.batch_size, "batch_size")
+    main, show = world.is_main, cfg.progress and world.is_main      # rank 0 alone writes files and prints
+    run_dir = Path(world.broadcast_json(str(prepare_run_dir(cfg, resume, overwrite)) if main else None))
     data_dir, train_records, valid_records, prompt_cfg = load_data(cfg)
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype)
     mx.random.seed(cfg.seed)
@@ -176,52 +210,55 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])
 
-    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), cfg)
+    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), cfg, world)
     valid_batches = make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), cfg) if valid_records else []
     if cfg.valid_batches:
         valid_batches = valid_batches[: cfg.valid_batches]
+    has_valid, valid_batches = bool(valid_batches), world.shard(valid_batches)   # a rank may get none
     schedule = lr_schedule(cfg)
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)
 
     step, position = 0, 0
     checkpoints = run_dir / "checkpoints"
     if resume is not None:
-        ckpt = lora.latest_checkpoint(checkpoints)
-        if ckpt is None:
-            raise UserError(f"--resume {resume}: no complete checkpoint in {checkpoints}")
-        state = lora.load_checkpoint(ckpt, model, optimizer)
+        state = None
+        if main:                         # rank 0 reads the checkpoint; the others receive it
+            ckpt = lora.latest_checkpoint(checkpoints)
+            if ckpt is None:
+                raise UserError(f"--resume {resume}: no complete checkpoint in {checkpoints}")
+            state = lora.load_checkpoint(ckpt, model, optimizer)
+        else:
+            optimizer.init(model.trainable_parameters())
+        state = world.broadcast_json(state)
+        check_world_size(state, world, f"--resume {resume}")
         step, position = int(state["step"]), int(state["data_position"])
+    world.broadcast_training_state(model, optimizer if resume is not None else None)
     saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name})
-    if resume is None:
+    if resume is None and main:
         write_json_atomic(run_dir / "config.json", saved.model_dump(mode="json"))
 
     loss_and_grad = nn.value_and_grad(model, loss_sum)
-    if resume is not None:
+    if resume is not None and main:
         truncate_after_step(run_dir / "metrics.jsonl", step)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    metrics = MetricsWriter(run_dir / "metrics.jsonl") if main else NullWriter()
     metrics.write({"kind": "run", "stage": "sft", "run": run_dir.name, "config_hash": config_hash(saved),
                    "config": saved.model_dump(mode="json"), "time": time.time(),
                    "resumed_from_step": step if resume is not None else None,
-                   "trainable_parameters": trainable, "train_batches": len(train_batches)})
-    if cfg.progress:
+                   "trainable_parameters": trainable, "train_batches": len(train_batches), "world_size": world.size})
+    if show:
         console.print(f"sft {run_dir.name}: {len(train_records)} examples in {len(train_batches)} batches, "
                       f"{trainable / 1e6:.2f}M trainable parameters, steps {step + 1}..{cfg.steps}")
     model.train()
     last_loss, last_val = math.nan, None
-    with progress_bar("sft", cfg.steps - step, enabled=cfg.progress) as advance:
+    with progress_bar("sft", cfg.steps - step, enabled=show) as advance:
         while step < cfg.steps:
             step += 1
-            mx.random.seed(cfg.seed * 1_000_003 + step)
+            mx.random.seed(cfg.seed * 1_000_003 + step + world.rank * 15_485_863)   # dropout masks differ per rank
             start = time.perf_counter()
-            grads, total, count, length = None, 0.0, 0.0, 0
-            for _ in range(cfg.grad_accumulation):
-                b = train_batches[batch_at(position, len(train_batches), cfg.seed)]
-                position += 1
-                (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights)
-                grads = g if grads is None else tree_map(mx.add, grads, g)
-                mx.eval(grads, s, n)
-                total, count, length = total + s.item(), count + n.item(), length + b.length
-            grads = tree_map(lambda x: x / count, grads)
+            batches = [train_batches[batch_at(position + i, len(train_batches), cfg.seed)]
+                       for i in range(cfg.grad_accumulation)]
+            position += cfg.grad_accumulation
+            grads, total, count, length = mean_gradient(model, loss_and_grad, batches, world)
             if cfg.grad_clip > 0:
                 grads, norm = optim.clip_grad_norm(grads, cfg.grad_clip)
             else:
@@ -238,25 +275,26 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
                            "tokens_per_second": length / seconds, "peak_memory_gb": mx.get_peak_memory() / 1e9})
             advance(1, info=f"loss {last_loss:.3f}  {length / seconds:.0f} tok/s")
             record = None
-            if cfg.valid_every and valid_batches and (step % cfg.valid_every == 0 or step == cfg.steps):
+            if cfg.valid_every and has_valid and (step % cfg.valid_every == 0 or step == cfg.steps):
                 model.eval()
-                last_val = evaluate_loss(model, valid_batches)
+                last_val = evaluate_loss(model, valid_batches, world)
                 model.train()
                 record = {"kind": "sft_valid", "step": step, "time": time.time(), "val_loss": last_val}
             if cfg.game_eval.every and (step % cfg.game_eval.every == 0 or step == cfg.steps):
                 record = record or {"kind": "sft_valid", "step": step, "time": time.time()}
-                record.update(game_eval(model, tokenizer, cfg, prompt_cfg))
+                record.update(game_eval(model, tokenizer, cfg, prompt_cfg, world))
             if record is not None:
                 metrics.write(record)
-            if step % cfg.save_every == 0 or step == cfg.steps:
+            if main and (step % cfg.save_every == 0 or step == cfg.steps):
                 lora.save_checkpoint(checkpoints, step, model, optimizer, adapter_cfg,
-                                     {"data_position": position, "seed": cfg.seed,
+                                     {"data_position": position, "seed": cfg.seed, "world_size": world.size,
                                       "rng": f"mx.random.seed({cfg.seed} * 1000003 + step) before every step"})
                 lora.prune_checkpoints(checkpoints, cfg.keep_checkpoints)
     metrics.close()
-    adapters = lora.save_adapters(run_dir / "adapters", model, adapter_cfg)
+    write_weights_hash(model, world, "sft")
+    adapters = lora.save_adapters(run_dir / "adapters", model, adapter_cfg) if main else run_dir / "adapters"
     result = {"run_dir": str(run_dir), "adapters": str(adapters), "steps": step, "final_loss": last_loss,
               "val_loss": last_val, "peak_memory_gb": round(mx.get_peak_memory() / 1e9, 3)}
-    if cfg.progress:
+    if show:
         console.print(f"adapters saved to {adapters}")
     return result

@@ -261,7 +261,7 @@ def main() -> int:
     from wordle_mlx.blas import reexec_with_openblas
     reexec_with_openblas()
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kills", type=int, default=20, help="Trials per command (sft and train).")
+    parser.add_argument("--kills", type=int, default=20, help="Kills per command (sft and train).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--disk-full", action="store_true", help="Also fill a tmpfs during a checkpoint (root).")
     parser.add_argument("--keep", type=Path, help="Work in this folder and keep it.")
@@ -274,10 +274,12 @@ def main() -> int:
     for stage in STAGES:
         ref = reference_run(ws, stage)
         print(f"{stage}: reference run, training loop {ref.train_seconds:.1f} s", flush=True)
-        for i in range(args.kills):
+        kills, i = 0, 0
+        while kills < args.kills and i < 2 * args.kills:     # a run may finish before its kill time comes
             t = run_trial(ws, stage, ref, rng, use_hook=(i % 3 == 2))
             trials.append(t)
-            print(f"  {stage} #{i + 1:2d} {t.how:20s} killed={t.killed!s:5s} after step {t.killed_after_step}, "
+            kills, i = kills + t.killed, i + 1
+            print(f"  {stage} #{i:2d} {t.how:20s} killed={t.killed!s:5s} after step {t.killed_after_step}, "
                   f"resumed from {t.resumed_from}: {'ok' if t.survived else '; '.join(t.problems)}", flush=True)
     if args.disk_full:
         t = disk_full_trial(ws)

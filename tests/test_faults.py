@@ -234,6 +234,22 @@ class CorruptFiles(Workspace):
             self.assertNotIn("\n", str(ctx.exception))
 
 
+class OverwriteIsAllOrNothing(unittest.TestCase):
+    def test_crash_while_deleting_an_old_run_leaves_no_half_run(self):
+        """--overwrite removes the old run with fileio.remove_tree: renamed aside first, so never half there."""
+        from wordle_mlx import fileio
+        with tempfile.TemporaryDirectory() as d:
+            run = Path(d, "run")
+            (run / "checkpoints" / "step_000002").mkdir(parents=True)
+            (run / "metrics.jsonl").write_text("{}\n")
+            with mock.patch.object(fileio.shutil, "rmtree", side_effect=KeyboardInterrupt):
+                with self.assertRaises(KeyboardInterrupt):
+                    fileio.remove_tree(run)
+            self.assertFalse(run.exists())
+            (trash,) = Path(d).iterdir()
+            self.assertTrue((trash / "checkpoints" / "step_000002").is_dir())
+
+
 class PatternCache(unittest.TestCase):
     """A stale or corrupt entropy cache is rebuilt with a note, and the rebuilt table is right."""
 

@@ -3,6 +3,7 @@
 Nothing is ever left half-written: every writer here writes to a temporary file in the same folder,
 flushes and fsyncs it, then renames it over the target (rename is atomic on POSIX). The cache folder
 is `$WORDLE_MLX_CACHE`, else `$XDG_CACHE_HOME/wordle-mlx`, else `~/.cache/wordle-mlx`.
+`remove_tree` deletes a folder by renaming it aside first, so a crash never leaves half of it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -57,3 +60,11 @@ def write_text_atomic(target: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(target: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(target, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Delete a folder so that a crash midway leaves it whole or gone: rename it aside, then delete."""
+    path = Path(path)
+    trash = path.with_name(f".{path.name}.deleting.{os.getpid()}.{time.time_ns()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import Literal
@@ -30,7 +29,7 @@ from pydantic import Field, model_validator
 
 from ..config import StrictModel, config_hash, resolve_path
 from ..errors import UserError
-from ..fileio import write_json_atomic
+from ..fileio import remove_tree, write_json_atomic
 from ..game.rewards import RewardWeights, Rewards
 from ..game.seeding import HistoryPolicy, seed_history
 from ..game.solver import Solver
@@ -296,7 +295,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
             if not cfg.overwrite:
                 raise UserError(f"run folder {run_dir} already exists; pass --overwrite, pick another run_name "
                                 f"or use --resume {run_dir}")
-            shutil.rmtree(run_dir)
+            remove_tree(run_dir)   # a kill midway leaves the old run whole or gone
     run_dir = Path(world.broadcast_json(str(run_dir) if main else None))
     saved_cfg = cfg.model_dump(mode="json")
     if cfg.model.adapter:

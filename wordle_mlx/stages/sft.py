@@ -16,7 +16,6 @@ re-seeded from (seed, step) every step, so the continued run computes what an un
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from pydantic import Field
 
 from ..config import StrictModel, config_hash, read_json_file, resolve_path
 from ..errors import UserError
-from ..fileio import write_json_atomic
+from ..fileio import remove_tree, write_json_atomic
 from ..llm import lora
 from ..llm.prompts import FORMAT_ERRORS, PromptConfig
 from ..llm.sft_loss import SFTBatch, loss_sum, make_batch
@@ -178,7 +177,7 @@ def prepare_run_dir(cfg: SFTConfig, resume: str | None, overwrite: bool) -> Path
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
             raise UserError(f"run folder {run_dir} already exists; pass --overwrite or --run-name NEW or --resume {run_dir}")
-        shutil.rmtree(run_dir)
+        remove_tree(run_dir)   # a kill midway leaves the old run whole or gone
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 

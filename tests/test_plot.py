@@ -310,13 +310,15 @@ class TestCommandLine(unittest.TestCase):
         self.assertEqual(result.exit_code, 0, result.output)
         self.assertIn("| A | 3 | 2 |", result.stdout)
         self.assertTrue((self.tmp / "cmp" / "compare_win_distribution.png").exists())
-        # A UserError from the command: main() (below) turns it into exit code 2 and one line.
+        # A UserError from the command becomes exit code 2 and one line on stderr, inside click too.
         empty = self.tmp / "e" / "empty.jsonl"
         empty.parent.mkdir()
         empty.write_text("")
         result = CliRunner().invoke(app, ["plot", "--file", str(empty)])
-        self.assertIsInstance(result.exception, UserError)
-        self.assertIn("empty.jsonl: file is empty", str(result.exception))
+        self.assertEqual(result.exit_code, 2)
+        self.assertNotIsInstance(result.exception, UserError)
+        self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+        self.assertIn("empty.jsonl: file is empty", result.stderr)
         self.assertEqual(list(empty.parent.iterdir()), [empty])
 
     def test_exit_code_2_and_one_line_for_empty_file(self):

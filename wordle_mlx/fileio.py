@@ -68,3 +68,15 @@ def remove_tree(path: str | os.PathLike) -> None:
     trash = path.with_name(f".{path.name}.deleting.{os.getpid()}.{time.time_ns()}")
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def publish_dir(tmp: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rename the finished folder `tmp` to `target`, replacing an older `target` (swapped aside, then deleted)."""
+    tmp, target = Path(tmp), Path(target)
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}.{time.time_ns()}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)

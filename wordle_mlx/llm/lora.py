@@ -27,7 +27,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import UserError
-from ..fileio import write_json_atomic, write_text_atomic
+from ..fileio import publish_dir, write_json_atomic, write_text_atomic
 
 ADAPTER_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -91,17 +91,6 @@ def _write_adapter_files(folder: Path, model, config: dict) -> None:
     write_json_atomic(folder / ADAPTER_CONFIG, config)
 
 
-def _publish_dir(tmp: Path, target: Path) -> None:
-    """Rename the finished `tmp` folder to `target`, replacing an older `target`."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}")
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
-
-
 def _temp_dir_beside(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
@@ -113,7 +102,7 @@ def save_adapters(folder: str | Path, model, config: dict) -> Path:
     tmp = _temp_dir_beside(folder)
     try:
         _write_adapter_files(tmp, model, config)
-        _publish_dir(tmp, folder)
+        publish_dir(tmp, folder)
     except (OSError, RuntimeError) as exc:     # MLX reports a full disk as RuntimeError("[write] ...")
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_failed("adapters", folder, exc) from None
@@ -136,7 +125,7 @@ def save_checkpoint(checkpoints: str | Path, step: int, model, optimizer, config
         _fault_hook_mid_checkpoint()
         mx.save_safetensors(str(tmp / OPTIMIZER_STATE), dict(tree_flatten(optimizer.state)))
         write_json_atomic(tmp / TRAINER_STATE, {"step": step, **state})
-        _publish_dir(tmp, target)
+        publish_dir(tmp, target)
         write_text_atomic(checkpoints / LATEST, target.name + "\n")
     except (OSError, RuntimeError) as exc:     # MLX reports a full disk as RuntimeError("[write] ...")
         shutil.rmtree(tmp, ignore_errors=True)

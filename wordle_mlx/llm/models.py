@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import UserError
-from ..fileio import cache_dir, write_json_atomic
+from ..fileio import cache_dir, publish_dir, write_json_atomic
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny-random", "gemma-3-270m")
@@ -72,14 +72,8 @@ def building_dir(target: Path, keep_if: Callable[[Path], bool] | None = None) ->
                 os.chmod(item, 0o666 & ~umask)
         if target.exists() and keep_if is not None and keep_if(target):
             shutil.rmtree(tmp, ignore_errors=True)
-        elif target.exists():
-            # Replace an outdated folder: swap it out, then delete it.
-            old = target.with_name(f".{target.name}.old.{os.getpid()}")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(tmp, target)
+            publish_dir(tmp, target)   # replaces an outdated folder
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

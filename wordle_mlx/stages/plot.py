@@ -12,7 +12,6 @@ never leaves PNGs behind. Paths are printed one per line (or as JSON with `--jso
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from pydantic import Field
 

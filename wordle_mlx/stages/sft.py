@@ -211,8 +211,10 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
 
     train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), cfg, world)
     valid_batches = make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), cfg) if valid_records else []
-    if cfg.valid_batches:
-        valid_batches = valid_batches[: cfg.valid_batches]
+    if cfg.valid_batches and cfg.valid_batches < len(valid_batches):
+        # batches are sorted by length: take them evenly across lengths, not just the shortest (empty boards)
+        picks = np.unique(np.linspace(0, len(valid_batches) - 1, cfg.valid_batches).round().astype(int))
+        valid_batches = [valid_batches[i] for i in picks]
     has_valid, valid_batches = bool(valid_batches), world.shard(valid_batches)   # a rank may get none
     schedule = lr_schedule(cfg)
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)

@@ -45,7 +45,9 @@ class TestEval(unittest.TestCase):
         self.assertEqual(solver["win_rate"], 1.0)
         self.assertTrue(0.0 < solver["consistent_rate"] <= 1.0)   # max-entropy probes need not fit the feedback
         self.assertEqual(solver["format_error_rate"], 0.0)
-        self.assertNotIn("base_model", first["baselines"])
+        # no adapter: the model is the base model, reported under baselines.base_model too (not replayed)
+        self.assertTrue(first["baselines"]["base_model"]["same_as_model"])
+        self.assertEqual(first["baselines"]["base_model"]["win_rate"], first["win_rate"])
         # the random tiny model never closes a <guess> tag: every turn is a format error at the length cap
         self.assertEqual(first["format_error_rate"], 1.0)
         self.assertEqual(first["mean_completion_tokens"], 8.0)

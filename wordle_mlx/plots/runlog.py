@@ -271,6 +271,8 @@ def load_series(path: str | Path, label: str | None, with_baselines: bool) -> li
     baselines = data.get("baselines") if with_baselines else None
     if isinstance(baselines, dict):
         for name, result in baselines.items():
+            if isinstance(result, dict) and result.get("same_as_model"):
+                continue  # the eval's own model (no adapter): already the main series
             if isinstance(result, dict) and (result.get("game_records") or result.get("histogram")):
                 baseline = series_from_eval(result, f"{name} (baseline)", f"{path}: baselines.{name}")
                 baseline.baseline_of = main.label

@@ -184,6 +184,8 @@ def run(cfg: EvalConfig) -> dict:
             base, base_boards = play_model(cfg, specs, None, allowed, "base model", deadline)
             unfinished = [(i, b) for i, b in enumerate(base_boards) if b["timed_out"]]
             result["baselines"]["base_model"] = base
+        else:  # no adapter: the model played *is* the base model; report it there too instead of replaying
+            result["baselines"]["base_model"] = {**summary, "same_as_model": True}
     if unfinished:
         result["timed_out"] = True
         result["unfinished"] = [{"index": i, "secret": b["secret"], "guesses": b["guesses"]} for i, b in unfinished]

@@ -282,7 +282,7 @@ class RewardHacking(unittest.TestCase):
 
     def mean_reward(self, cfg: grpo.GRPOConfig, choose) -> float:
         from wordle_mlx.game.rewards import Rewards
-        rewards = Rewards(cfg.reward.weights(), answers(), max_guesses=cfg.rl.max_turns)
+        rewards = Rewards(cfg.reward, answers(), max_guesses=cfg.rl.max_turns)
         rcfg = grpo.rollout_config(cfg, 1.0, 0)
         rollout = grpo_step.rollout_turn_mode if cfg.rl.mode == "turn" else grpo_step.rollout_episode_mode
         total, n = 0.0, 0

@@ -37,7 +37,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     first = errors[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"]
-    if first["type"] == "extra_forbidden":
+    if first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # models / dataclass sections
         msg = "unknown field"
     got = f" (got {_short(first['input'])})" if "input" in first and first["type"] != "missing" else ""
     more = f" [and {len(errors) - 1} more error(s)]" if len(errors) > 1 else ""

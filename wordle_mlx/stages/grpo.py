@@ -109,25 +109,6 @@ class GRPOSection(StrictModel):
     resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")
 
 
-class RewardSection(StrictModel):
-    win: float = 1.0
-    early: float = 1.0
-    format: float = 0.05
-    valid: float = 0.02
-    consistent: float = 0.03
-    info_gain: float = 0.05
-    repeat: float = 0.05
-    length: float = 0.0
-
-    @model_validator(mode="after")
-    def _check(self) -> "RewardSection":
-        self.weights()
-        return self
-
-    def weights(self) -> RewardWeights:
-        return RewardWeights(**self.model_dump())
-
-
 class ValidationSection(StrictModel):
     every: int = Field(10, ge=0, description="Validate every N steps (and at the end); 0 = never.")
     games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
@@ -141,7 +122,7 @@ class GRPOConfig(StrictModel):
     training: TrainingSection = Field(default_factory=TrainingSection)
     rl: RLSection = Field(default_factory=RLSection)
     grpo: GRPOSection = Field(default_factory=GRPOSection)
-    reward: RewardSection = Field(default_factory=RewardSection)
+    reward: RewardWeights = Field(default_factory=RewardWeights)   # validated by its __post_init__
     prompts: PromptsSection = Field(default_factory=PromptsSection)
     validation: ValidationSection = Field(default_factory=ValidationSection)
     logs_dir: str = Field("logs", description="Run folders go here (relative to the config file).")
@@ -310,7 +291,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     table = load_table(show_progress=show)
     solver = Solver(table)
     allowed = frozenset(guess_list())
-    rewards = Rewards(cfg.reward.weights(), answers(), max_guesses=rl.max_turns)
+    rewards = Rewards(cfg.reward, answers(), max_guesses=rl.max_turns)
     prompts = PromptSource(cfg, solver, allowed, t.seed)
     valid_words = split_words("valid")[:cfg.validation.games]
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed

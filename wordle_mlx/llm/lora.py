@@ -17,11 +17,13 @@ writing its files; `benchmarks/fault_injection.py` and `tests/test_faults.py` us
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -96,19 +98,33 @@ def _temp_dir_beside(target: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
 
 
-def save_adapters(folder: str | Path, model, config: dict) -> Path:
-    """Write the adapter folder (mlx-lm format) atomically."""
-    folder = Path(folder)
-    tmp = _temp_dir_beside(folder)
+@contextlib.contextmanager
+def _built_folder(target: Path, what: str) -> Iterator[Path]:
+    """Yield a temp folder beside `target`; publish it as `target` on success, delete it on failure.
+
+    Write failures (MLX reports a full disk as RuntimeError("[write] ...")) become one-line errors
+    naming `target`; the previous `target`, if any, is left as it was.
+    """
     try:
-        _write_adapter_files(tmp, model, config)
-        publish_dir(tmp, folder)
-    except (OSError, RuntimeError) as exc:     # MLX reports a full disk as RuntimeError("[write] ...")
+        tmp = _temp_dir_beside(target)
+    except OSError as exc:
+        raise _write_failed(what, target, exc) from None
+    try:
+        yield tmp
+        publish_dir(tmp, target)
+    except (OSError, RuntimeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_failed("adapters", folder, exc) from None
+        raise _write_failed(what, target, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_adapters(folder: str | Path, model, config: dict) -> Path:
+    """Write the adapter folder (mlx-lm format) atomically."""
+    folder = Path(folder)
+    with _built_folder(folder, "adapters") as tmp:
+        _write_adapter_files(tmp, model, config)
     return folder
 
 
@@ -116,23 +132,15 @@ def save_checkpoint(checkpoints: str | Path, step: int, model, optimizer, config
     """checkpoints/step_NNNNNN/ with adapters, optimizer state and trainer state; then `latest` points at it."""
     checkpoints = Path(checkpoints)
     target = checkpoints / f"step_{step:06d}"
-    try:
-        tmp = _temp_dir_beside(target)
-    except OSError as exc:
-        raise _write_failed("checkpoint", target, exc) from None
-    try:
+    with _built_folder(target, "checkpoint") as tmp:
         _write_adapter_files(tmp, model, config)
         _fault_hook_mid_checkpoint()
         mx.save_safetensors(str(tmp / OPTIMIZER_STATE), dict(tree_flatten(optimizer.state)))
         write_json_atomic(tmp / TRAINER_STATE, {"step": step, **state})
-        publish_dir(tmp, target)
+    try:
         write_text_atomic(checkpoints / LATEST, target.name + "\n")
-    except (OSError, RuntimeError) as exc:     # MLX reports a full disk as RuntimeError("[write] ...")
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
         raise _write_failed("checkpoint", target, exc) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

@@ -112,6 +112,7 @@ def eval_command(config: ConfigOpt = None,
                  out: Annotated[Optional[Path], typer.Option("--out", help="Write the eval JSON here.")] = None,
                  no_baselines: Annotated[bool, typer.Option("--no-baselines", help="Skip solver/base-model baselines.")] = False,
                  timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds for the whole eval.")] = None,
+                 no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
                  json_output: JsonFlag = False) -> None:
     """Play held-out words with a model; win rate, errors and throughput vs the solver (and base model)."""
     from .stages import evaluate as stage
@@ -119,7 +120,7 @@ def eval_command(config: ConfigOpt = None,
         "model": model, "adapter": adapter, "games": games, "split": split, "history": history, "seed": seed,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
         "out": str(out) if out else None, "baselines": False if no_baselines else None, "timeout": timeout,
-        "json_output": json_output})
+        "progress": False if no_progress else None, "json_output": json_output})
     emit(stage.run(cfg), json_output)
 
 

@@ -117,10 +117,12 @@ def eval_command(config: ConfigOpt = None,
     """Play held-out words with a model; win rate, errors and throughput vs the solver (and base model)."""
     from .stages import evaluate as stage
     cfg = load_config(config, stage.EvalConfig, {
-        "model": model, "adapter": adapter, "games": games, "split": split, "history": history, "seed": seed,
+        # paths typed on the command line are relative to the working folder, not to --config's folder
+        "model": model, "adapter": str(Path(adapter).resolve()) if adapter else None, "games": games,
+        "split": split, "history": history, "seed": seed,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
-        "out": str(out) if out else None, "baselines": False if no_baselines else None, "timeout": timeout,
-        "progress": False if no_progress else None, "json_output": json_output})
+        "out": str(out.resolve()) if out else None, "baselines": False if no_baselines else None,
+        "timeout": timeout, "progress": False if no_progress else None, "json_output": json_output})
     emit(stage.run(cfg), json_output)
 
 

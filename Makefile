@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo blas clean-venv
+.PHONY: setup test demo blas clean-venv train-270m
 
 setup: $(STAMP) blas
 
@@ -24,6 +24,10 @@ test: setup
 
 demo: setup
 	bash scripts/demo.sh
+
+# The real run (~2.5 h on 2 cores, resumable: run it again after an interruption).
+train-270m: setup
+	bash scripts/train_270m_cpu.sh
 
 clean-venv:
 	rm -rf $(VENV)

@@ -6,10 +6,12 @@ still consistent with every (guess, pattern) so far (the caller passes that list
 verifies it), the greens/yellows/greys come from `Knowledge`, and "splits them into N groups" is the
 number of distinct feedback patterns the guess gives over the candidates. Styles:
 - `none`: no think block (None);
-- `brief`: one line, e.g. "12 words fit: BLAND, GLAND, PLANT and 9 more. Try PLANT.";
+- `brief`: one line, e.g. "12 words fit: plant, bland, gland and 9 more. Try plant.";
 - `full`: known letters, candidate count, a few candidates, and why the guess (it is a candidate, and/or
   how finely it splits the candidates).
-Pure: numpy/stdlib only, no mlx.
+Words are written in lower case: Gemma's tokenizer has one token for most lower-case English words
+(" tract") but splits upper case into fragments (" T", "RACT"), and a small model asked to spell a word
+in fragments makes up four- and six-letter "words". Pure: numpy/stdlib only, no mlx.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def split_groups(guess: str, candidates: Sequence[str]) -> int:
 
 
 def named(candidates: Sequence[str], max_named: int) -> str:
-    """'BLAND, GLAND, PLANT and 9 more' (the first `max_named` candidates in the given order)."""
-    shown = ", ".join(w.upper() for w in candidates[:max_named])
+    """'bland, gland, plant and 9 more' (the first `max_named` candidates in the given order)."""
+    shown = ", ".join(candidates[:max_named])
     rest = len(candidates) - min(len(candidates), max_named)
     return f"{shown} and {rest} more" if rest else shown
 
@@ -69,21 +71,19 @@ def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], gu
         candidates = [guess] + [c for c in candidates if c != guess]
     if not history:
         if style == "brief":
-            return f"No clues yet. Try {guess.upper()}."
-        return f"No clues yet; {_count(n)}. {guess.upper()} splits them into {split_groups(guess, candidates)} groups."
-    if style == "brief":
-        if n == 1:
-            return f"Only {candidates[0].upper()} fits."
-        return f"{_count(n)}: {named(candidates, max_named)}. Try {guess.upper()}."
+            return f"No clues yet. Try {guess}."
+        return f"No clues yet; {_count(n)}. {guess} splits them into {split_groups(guess, candidates)} groups."
+    if style == "brief":  # one template for every count, so the model never has to pick among shapes
+        return f"{_count(n)}: {named(candidates, max_named)}. Try {guess}."
     facts = known_letters(history)
     prefix = f"{facts} " if facts else ""
     if n == 1:
-        return f"{prefix}Only {candidates[0].upper()} fits."
+        return f"{prefix}Only {candidates[0]} fits."
     groups = split_groups(guess, candidates)
     if is_candidate:
-        why = f"{guess.upper()} fits and splits them into {groups} groups."
+        why = f"{guess} fits and splits them into {groups} groups."
     else:
-        why = f"{guess.upper()} does not fit, but splits them into {groups} groups."
+        why = f"{guess} does not fit, but splits them into {groups} groups."
     return f"{prefix}{_count(n)}: {named(candidates, max_named)}. {why}"
 
 

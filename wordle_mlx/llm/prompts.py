@@ -41,17 +41,14 @@ class PromptConfig(StrictModel):
 
 
 def system_prompt(cfg: PromptConfig) -> str:
-    think = ("First think briefly inside <think> </think>, then give your guess inside <guess> </guess>."
-             if cfg.require_think else
-             "You may think briefly inside <think> </think>; then give your guess inside <guess> </guess>.")
+    """The rules and the reply format, kept short: on a CPU every prompt token costs training time."""
+    think = ("Think briefly in <think> </think>, then guess:" if cfg.require_think else
+             "You may think briefly in <think> </think>; then guess:")
     return (
-        "You are playing Wordle. Find the secret 5-letter English word in at most 6 guesses.\n"
-        "After each guess you get feedback for each letter: green = right letter in the right spot; "
-        "yellow = the letter is in the word but in another spot; grey = the letter is not in the word "
-        "(or not as many times as you used it).\n"
-        "Every guess must be a real 5-letter English word. Use what the feedback tells you.\n"
-        f"{think}\n"
-        "Answer in exactly this format:\n<think>your reasoning</think>\n<guess>word</guess>"
+        "You are playing Wordle: find the secret 5-letter English word in 6 guesses. "
+        "Each guess must be a real 5-letter word. Feedback per letter: green = right letter, right spot; "
+        "yellow = in the word, another spot; grey = not in the word (or no more copies of it).\n"
+        f"{think}\n<think>your reasoning</think>\n<guess>word</guess>"
     )
 
 

@@ -1,0 +1,83 @@
+"""Package a trained LoRA adapter for the repository: adapter files, the configs that made it, its data seed
+and its eval JSON, in one folder (written to a temp folder, then renamed into place).
+
+    python3 scripts/ship_adapter.py --adapter logs/grpo-270m/adapters --out adapters/gemma-3-270m-wordle \
+        --data-config config/data.json --sft-config config/sft_cpu_270m.json \
+        --grpo-config config/grpo_cpu_270m.json --eval logs/recipe-270m/eval_grpo_greedy.json
+
+`data_seed.json` holds the data config (its seed regenerates the data exactly) and the secrets of every
+training and validation record, so a test can check that no test word was ever a secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
+MAX_BYTES = 20 * 1024 * 1024
+
+
+def data_secrets(data_dir: Path) -> dict[str, list[str]]:
+    out = {}
+    for split in ("train", "valid"):
+        path = data_dir / f"{split}.jsonl"
+        if not path.is_file():
+            sys.exit(f"error: {path}: missing (run `wordle-mlx data --config ...` first)")
+        out[split] = sorted({json.loads(line)["meta"]["secret"] for line in path.read_text().splitlines() if line})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--adapter", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--data-config", type=Path, required=True)
+    ap.add_argument("--sft-config", type=Path, required=True)
+    ap.add_argument("--grpo-config", type=Path)
+    ap.add_argument("--eval", type=Path, action="append", default=[], help="Eval JSON files to ship (repeatable).")
+    args = ap.parse_args()
+
+    for name in ADAPTER_FILES:
+        if not (args.adapter / name).is_file():
+            sys.exit(f"error: {args.adapter / name}: missing; --adapter must be an mlx-lm adapter folder")
+    size = (args.adapter / "adapters.safetensors").stat().st_size
+    if size > MAX_BYTES:
+        sys.exit(f"error: {args.adapter}/adapters.safetensors: {size} bytes, over the 20 MB limit")
+    data_cfg = json.loads(args.data_config.read_text())
+    data_dir = (args.data_config.parent / data_cfg.get("out", "data/sft")).resolve()
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
+    try:
+        for name in ADAPTER_FILES:
+            shutil.copy2(args.adapter / name, tmp / name)
+        recipe = tmp / "recipe"
+        recipe.mkdir()
+        shutil.copy2(args.data_config, recipe / "data.json")
+        shutil.copy2(args.sft_config, recipe / "sft.json")
+        if args.grpo_config:
+            shutil.copy2(args.grpo_config, recipe / "grpo.json")
+        seed = {"data_config": data_cfg, "secrets": data_secrets(data_dir),
+                "note": "GRPO draws its secrets from the train split (wordle_mlx/game/splits.py) with its own seed."}
+        (tmp / "data_seed.json").write_text(json.dumps(seed, indent=1) + "\n")
+        for path in args.eval:
+            shutil.copy2(path, tmp / path.name)
+        old = args.out.with_name(f".{args.out.name}.old")
+        if args.out.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            args.out.rename(old)
+        tmp.rename(args.out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"shipped {args.adapter} -> {args.out} ({size / 1e6:.1f} MB adapter)")
+
+
+if __name__ == "__main__":
+    main()

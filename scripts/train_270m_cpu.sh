@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> eval ->
+# plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Budget about 2.5 hours (measured stage
+# times are in docs/RESULTS.md).
+#
+# Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
+# run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume), so a closed
+# lid or a reboot costs at most the steps since the last checkpoint. `rm -r logs/recipe-270m` starts over.
+#
+#   scripts/train_270m_cpu.sh              # everything (or: make train-270m)
+#   GAMES=50 scripts/train_270m_cpu.sh     # smaller evals
+#   EVALS="greedy" scripts/train_270m_cpu.sh   # only the empty-board greedy evals
+set -euo pipefail
+cd "$(dirname "$0")/.."
+W="${W:-.venv/bin/wordle-mlx}"
+R=logs/recipe-270m
+GAMES="${GAMES:-200}"
+EVALS="${EVALS:-greedy sampled seeded}"
+SHIP=adapters/gemma-3-270m-wordle
+mkdir -p "$R"
+start=$(date +%s)
+
+stage() {  # stage NAME COMMAND...: run once; a finished stage is skipped on the next run
+  local name=$1; shift
+  if [ -f "$R/$name.done" ]; then echo "== $name: done earlier, skipped"; return; fi
+  echo; echo "== [$(( $(date +%s) - start ))s] $name"
+  local t0=$(date +%s)
+  "$@"
+  echo "$(( $(date +%s) - t0 ))" > "$R/$name.done"
+}
+
+train_or_resume() {  # train_or_resume RUN_DIR COMMAND...: resume RUN_DIR when it has a checkpoint
+  local dir=$1; shift
+  if compgen -G "$dir/checkpoints/*" > /dev/null; then "$@" --resume "$dir" --no-progress
+  else "$@" --overwrite --no-progress; fi
+}
+
+evaluate() {  # evaluate NAME ADAPTER|- : the three held-out settings for one player
+  local name=$1 adapter=$2 extra=()
+  [ "$adapter" != "-" ] && extra=(--adapter "$adapter" --no-baselines)
+  for kind in $EVALS; do
+    case $kind in
+      greedy)  stage "eval-$name-greedy"  $W eval "${extra[@]}" --games "$GAMES" --max-tokens 48 --no-progress \
+                 --out "$R/eval_${name}_greedy.json" ;;
+      sampled) stage "eval-$name-sampled" $W eval "${extra[@]}" --games "$GAMES" --max-tokens 48 --no-progress \
+                 --temperature 0.7 --seed 0 --out "$R/eval_${name}_t07.json" ;;
+      seeded)  stage "eval-$name-seeded"  $W eval "${extra[@]}" --games "$GAMES" --max-tokens 48 --no-progress \
+                 --history seeded --out "$R/eval_${name}_seeded.json" ;;
+    esac
+  done
+}
+
+stage setup   make setup
+stage model   $W model import builtin:gemma-3-270m
+stage entropy $W entropy --top 5
+stage data    $W data --config config/data.json
+stage sft     train_or_resume logs/sft-270m  $W sft   --config config/sft_cpu_270m.json
+stage grpo    train_or_resume logs/grpo-270m $W train --config config/grpo_cpu_270m.json
+
+evaluate base -
+evaluate sft  logs/sft-270m/adapters
+evaluate grpo logs/grpo-270m/adapters
+
+stage plots bash -c "
+  $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft &&
+  $W plot --file logs/grpo-270m/metrics.jsonl --out $R/plots/grpo &&
+  $W plot --compare $R/eval_base_greedy.json $R/eval_sft_greedy.json $R/eval_grpo_greedy.json \
+      --labels base sft sft+grpo --with-baselines --out $R/plots/compare"
+
+stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-270m/adapters --out "$SHIP" \
+  --data-config config/data.json --sft-config config/sft_cpu_270m.json --grpo-config config/grpo_cpu_270m.json \
+  --eval "$R/eval_grpo_greedy.json"
+
+echo
+echo "recipe finished; this invocation took $(( $(date +%s) - start ))s (stage times in seconds: $R/*.done)"
+echo "evals: $R/eval_*.json   plots: $R/plots/   shipped adapter: $SHIP/"
+echo "play:  $W play --adapter $SHIP"

@@ -1,0 +1,85 @@
+"""The adapter shipped in adapters/gemma-3-270m-wordle/: honest data, the right format, reproducible evals.
+
+- No test word is a secret in the shipped data seed, and the seed really is the data the adapter saw
+  (the shipped data config regenerates the same secrets).
+- The adapter is an mlx-lm adapter under 20 MB, with its recipe configs.
+- Greedy play is deterministic: replaying the first test words reproduces the shipped eval's games.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from wordle_mlx.config import load_config
+from wordle_mlx.game.splits import split_answers
+from wordle_mlx.stages import data
+from wordle_mlx.stages.entropy import load_table
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "adapters" / "gemma-3-270m-wordle"
+
+
+def shipped_eval() -> dict:
+    evals = [json.loads(p.read_text()) for p in sorted(SHIPPED.glob("eval_*.json"))]
+    greedy = [e for e in evals if e["temperature"] == 0 and e["history"] == "none" and e["split"] == "test"]
+    if not greedy:
+        raise AssertionError(f"{SHIPPED}: no greedy empty-board test eval JSON shipped")
+    return greedy[0]
+
+
+class ShippedDataSeedTest(unittest.TestCase):
+    def setUp(self):
+        self.seed = json.loads((SHIPPED / "data_seed.json").read_text())
+
+    def test_no_test_word_is_a_training_or_validation_secret(self):
+        test = set(split_answers()["test"])
+        self.assertEqual(len(test), 200)
+        for split in ("train", "valid"):
+            secrets = set(self.seed["secrets"][split])
+            self.assertGreater(len(secrets), 50)
+            self.assertEqual(secrets & test, set(), split)
+            self.assertTrue(secrets <= set(split_answers()[split]), split)
+
+    def test_seed_regenerates_the_shipped_secrets(self):
+        cfg_dict = dict(self.seed["data_config"], progress=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "data.json"
+            path.write_text(json.dumps(cfg_dict))
+            cfg = load_config(path, data.DataConfig)
+        solver = data.Solver(load_table(show_progress=False))
+        splits = split_answers(solver.table.answers)
+        for split in ("train", "valid"):
+            records = data.make_split(split, 60, cfg, solver, splits)
+            regenerated = {r["meta"]["secret"] for r in records}
+            self.assertTrue(regenerated <= set(self.seed["secrets"][split]), split)
+
+
+class ShippedAdapterTest(unittest.TestCase):
+    def test_adapter_files(self):
+        size = (SHIPPED / "adapters.safetensors").stat().st_size
+        self.assertLess(size, 20 * 1024 * 1024)
+        config = json.loads((SHIPPED / "adapter_config.json").read_text())
+        self.assertEqual(config["fine_tune_type"], "lora")
+        self.assertIn("rank", config["lora_parameters"])
+        for name in ("data.json", "sft.json"):
+            self.assertTrue((SHIPPED / "recipe" / name).is_file(), name)
+
+    def test_greedy_eval_replays_exactly(self):
+        published = shipped_eval()
+        games = 4
+        out = subprocess.run(
+            [sys.executable, "-m", "wordle_mlx", "eval", "--adapter", str(SHIPPED), "--games", str(games),
+             "--max-tokens", str(published["max_tokens_per_turn"]), "--no-baselines", "--no-progress", "--json"],
+            capture_output=True, text=True, cwd=ROOT, timeout=900)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        replay = json.loads(out.stdout)
+        self.assertEqual(replay["game_records"], published["game_records"][:games])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -281,3 +281,21 @@ class Stage(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class StartFromAdapter(unittest.TestCase):
+    def test_sft_dropout_is_replaced_by_the_grpo_setting(self):
+        from wordle_mlx.llm.lora import adapter_config, save_adapters
+        with tempfile.TemporaryDirectory() as tmp:
+            model, _ = load_model("builtin:tiny-random")
+            params = lora_parameters(4, 10.0, 0.3, None)
+            apply_lora(model, -1, params)
+            save_adapters(Path(tmp) / "sft", model, adapter_config(-1, params, "builtin:tiny-random"))
+            cfg = stage_config(tmp)
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"adapter": str(Path(tmp) / "sft")})})
+            policy, _, acfg = stage.load_policy(cfg)
+            layers = [m for _, m in policy.named_modules() if hasattr(m, "lora_a")]
+            self.assertTrue(layers)
+            self.assertTrue(all(m.dropout._p_1 == 1.0 for m in layers))    # keep probability 1: no dropout
+            self.assertEqual(acfg["lora_parameters"]["dropout"], 0.0)
+            self.assertEqual(acfg["lora_parameters"]["rank"], 4)

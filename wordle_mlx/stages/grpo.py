@@ -218,6 +218,13 @@ def load_policy(cfg: GRPOConfig):
             m.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
         if not lora_layers:
             raise UserError(f"model.adapter {adapter!r}: no LoRA layers (only LoRA adapters can be trained further)")
+        # The adapter keeps its layout (rank, scale, layers) but not its SFT dropout: GRPO uses lora.dropout
+        # (0 by default), so the update's forward pass is the policy that sampled the rollouts.
+        import mlx.nn as nn
+        for m in lora_layers:
+            if hasattr(m, "dropout"):
+                m.dropout = nn.Dropout(p=cfg.lora.dropout)
+        acfg["lora_parameters"] = dict(acfg.get("lora_parameters", {}), dropout=cfg.lora.dropout)
         acfg["base_model"] = cfg.model.name
         return model, tokenizer, acfg
     params = lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)

@@ -13,6 +13,7 @@ before the first collective; rank 0 must not finish.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -118,7 +119,8 @@ def main() -> None:
     world = init_world()
     if mode == "die":
         if world.rank == 1:
-            sys.exit(7)
+            sys.stdout.flush()
+            os._exit(7)                    # no interpreter teardown: the launcher must see code 7, not a kill
         world.sum_floats([1.0])
         result = {"finished": True}
     else:

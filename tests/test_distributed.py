@@ -107,7 +107,10 @@ class DistributedTest(unittest.TestCase):
         out_dir.mkdir()
         out = launch([sys.executable, str(REPO / "tests" / "distributed_check.py"), str(out_dir), "die"])
         self.assertFalse((out_dir / "die-rank0.json").exists())
-        self.assertIn("rank 1 exited with code 7", out.stdout + out.stderr)
+        text = out.stdout + out.stderr
+        # Either the launcher saw rank 1's exit first and stopped rank 0, or rank 0 noticed the lost peer
+        # first and stopped with its own one-line reason; both mean the group did not hang.
+        self.assertTrue("rank 1 exited with code 7" in text or "another rank probably stopped" in text, text)
 
     def test_grpo_train(self):
         cfg = {"model": {"name": "builtin:tiny-random"}, "lora": {"rank": 4, "scale": 10.0},

@@ -174,9 +174,83 @@ class ThinkTextTest(unittest.TestCase):
                 checked += 1
         self.assertGreater(checked, 40)
 
+    def test_pattern_style_is_truthful(self):
+        rng = random.Random(11)
+        words = list(answers())
+        checked = 0
+        for _ in range(80):
+            secret = rng.choice(words)
+            guesses = [rng.choice(words) for _ in range(rng.randint(1, 4))]
+            if secret in guesses:
+                continue
+            history = [(g, feedback(g, secret)) for g in guesses]
+            text = think_text(history, candidates(words, history), secret, "pattern")
+            m = re.fullmatch(r"Pattern: ((?:[a-z_] ){4}[a-z_])\.(?: Also: ([a-z, ]+)\.)?(?: Out: ([a-z, ]+)\.)? "
+                             r"Try ([a-z]{5})\.", text)
+            self.assertIsNotNone(m, text)
+            slots = m.group(1).split()
+            shown = {i for i, c in enumerate(slots) if c != "_"}
+            greens = {i for g, p in history for i, mark in enumerate(p) if mark == "G"}
+            self.assertEqual(shown, greens, text)
+            for i in shown:
+                self.assertEqual(slots[i], secret[i])
+            also = m.group(2).split(", ") if m.group(2) else []
+            out = m.group(3).split(", ") if m.group(3) else []
+            for letter in also:
+                self.assertIn(letter, secret)
+            for letter in out:
+                self.assertNotIn(letter, secret)
+            yellow = {g[i] for g, p in history for i, mark in enumerate(p) if mark == "Y"}
+            self.assertTrue(yellow <= set(also) | {slots[i] for i in shown}, (text, history))
+            self.assertEqual(m.group(4), secret)
+            checked += 1
+        self.assertGreater(checked, 60)
+        self.assertEqual(think_text([], ["crane"], "raise", "pattern"), "No clues yet. Try raise.")
+
     def test_split_groups_and_none_style(self):
         self.assertEqual(split_groups("crane", ["crane", "crate", "trace"]), 3)
         self.assertIsNone(think_text([], ["crane"], "crane", "none"))
+
+
+class RetryExamplesTest(unittest.TestCase):
+    """`retry_fraction`: prompts that report an invalid previous reply exactly as the game engine does."""
+
+    def test_retry_prompts_match_the_engine_and_replay(self):
+        from wordle_mlx.llm.prompts import error_message, parse_reply
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = load_config(write_config(Path(tmp), train_examples=80, valid_examples=10, think_style="pattern",
+                                           turns_per_game=3, retry_fraction=0.5), data.DataConfig)
+            result = data.run(cfg)
+            records = [json.loads(l) for l in (Path(result["out"]) / "train.jsonl").read_text().splitlines()]
+        allowed = set(load_table(show_progress=False).guesses)
+        retries = [r for r in records if "retry_error" in r["meta"]]
+        self.assertEqual(result["train"]["retry_examples"], len(retries))
+        self.assertTrue(20 <= len(retries) <= 60, len(retries))
+        kinds = set()
+        for r in retries:
+            kind, guess = r["meta"]["retry_error"]
+            kinds.add(kind)
+            self.assertEqual(parse_reply(f"<think>x</think><guess>{guess}</guess>", True, allowed).error, kind)
+            self.assertTrue(r["messages"][1]["content"].startswith(f"{error_message(kind, guess)} Try again.\n"))
+        self.assertEqual(kinds, {"not_five_letters", "not_a_word"})
+        for r in records:   # targets stay valid replies whatever the prompt says
+            self.assertIsNone(parse_reply(r["messages"][-1]["content"], True, allowed).error)
+
+    def test_zero_fraction_keeps_the_old_data(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = []
+            for name, extra in (("a", {}), ("b", {"retry_fraction": 0.0})):
+                folder = Path(tmp) / name
+                folder.mkdir()
+                cfg = write_config(folder, train_examples=30, valid_examples=5, **extra)
+                runs.append(data.run(load_config(cfg, data.DataConfig)))
+            a, b = runs
+            self.assertEqual((Path(a["out"]) / "train.jsonl").read_text(), (Path(b["out"]) / "train.jsonl").read_text())
+            self.assertEqual(a["train"]["retry_examples"], 0)
+
+    def test_conversation_context_is_refused(self):
+        with self.assertRaisesRegex(UserError, "retry_fraction"):
+            validate_config({"retry_fraction": 0.1, "prompt": {"context": "conversation"}}, data.DataConfig, "x.json")
 
 
 class BadInputTest(unittest.TestCase):

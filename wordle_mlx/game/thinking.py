@@ -7,6 +7,10 @@ verifies it), the greens/yellows/greys come from `Knowledge`, and "splits them i
 number of distinct feedback patterns the guess gives over the candidates. Styles:
 - `none`: no think block (None);
 - `brief`: one line, e.g. "12 words fit: plant, bland, gland and 9 more. Try plant.";
+- `pattern`: one line built from letters only, no candidate list, e.g. "Pattern: _ l _ n t. Also: a.
+  Out: r, s, e. Try plant." (greens in place, yellow letters, grey letters, then the guess). Every token
+  before the guess is copied from the clues in the prompt, so the only word the model writes is the
+  guess itself; with `brief` a 270M model invents the listed candidates and then copies a four-letter one;
 - `full`: known letters, candidate count, a few candidates, and why the guess (it is a candidate, and/or
   how finely it splits the candidates).
 Words are written in lower case: Gemma's tokenizer has one token for most lower-case English words
@@ -21,8 +25,8 @@ from typing import Literal, Sequence
 from .feedback import feedback
 from .knowledge import Knowledge, is_consistent
 
-ThinkStyle = Literal["none", "brief", "full"]
-THINK_STYLES = ("none", "brief", "full")
+ThinkStyle = Literal["none", "brief", "pattern", "full"]
+THINK_STYLES = ("none", "brief", "pattern", "full")
 
 
 def split_groups(guess: str, candidates: Sequence[str]) -> int:
@@ -56,6 +60,17 @@ def known_letters(history: Sequence[tuple[str, str]]) -> str:
     return " ".join(parts)
 
 
+def letter_pattern(history: Sequence[tuple[str, str]]) -> str:
+    """'Pattern: _ l _ n t. Also: a. Out: r, s, e.' (lower-case letters; empty parts left out, pattern always)."""
+    k = Knowledge.from_history(history)
+    parts = ["Pattern: " + " ".join(k.greens.get(p, "_") for p in range(5)) + "."]
+    if k.misplaced:
+        parts.append("Also: " + ", ".join(k.misplaced) + ".")
+    if k.absent:
+        parts.append("Out: " + ", ".join(k.absent) + ".")
+    return " ".join(parts)
+
+
 def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], guess: str, style: ThinkStyle,
                max_named: int = 5) -> str | None:
     """The reasoning for playing `guess` after `history`, given the still-consistent `candidates`."""
@@ -70,9 +85,11 @@ def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], gu
     if is_candidate:  # name the chosen candidate first, so the guess follows from the list it just wrote
         candidates = [guess] + [c for c in candidates if c != guess]
     if not history:
-        if style == "brief":
+        if style in ("brief", "pattern"):
             return f"No clues yet. Try {guess}."
         return f"No clues yet; {_count(n)}. {guess} splits them into {split_groups(guess, candidates)} groups."
+    if style == "pattern":
+        return f"{letter_pattern(history)} Try {guess}."
     if style == "brief":  # one template for every count, so the model never has to pick among shapes
         return f"{_count(n)}: {named(candidates, max_named)}. Try {guess}."
     facts = known_letters(history)

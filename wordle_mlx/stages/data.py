@@ -34,7 +34,8 @@ from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
 from ..game.thinking import ThinkStyle, think_text
-from ..llm.prompts import PromptConfig, TurnText, build_messages, format_reply, parse_reply
+from ..llm.prompts import (NOT_A_WORD, NOT_FIVE_LETTERS, PromptConfig, TurnText, build_messages, format_reply,
+                           parse_reply)
 from ..metrics import read_jsonl
 from ..progress import console, progress_bar
 from .entropy import load_table
@@ -67,6 +68,8 @@ class DataConfig(StrictModel):
     max_named: int = Field(5, ge=0, description="Candidates named in the think text.")
     candidate_threshold: int = Field(3, ge=1, description="With at most this many candidates, play one of them.")
     turns_per_game: int = Field(1, ge=1, le=MAX_GUESSES, description="Teacher turns per seeded start (SFT).")
+    retry_fraction: float = Field(0.0, ge=0, le=1, description="Share of SFT examples whose prompt reports an "
+                                  "invalid previous reply (as the game engine does), so the model learns to recover.")
     history: HistoryConfig = HistoryConfig()
     prompt: PromptConfig = PromptConfig()
     answers_list: str = "answers"
@@ -78,7 +81,28 @@ class DataConfig(StrictModel):
     def _think_matches_prompt(self) -> "DataConfig":
         if self.think_style == "none" and self.prompt.require_think:
             raise ValueError("think_style 'none' needs prompt.require_think false (targets would lack <think>)")
+        if self.retry_fraction > 0 and self.prompt.context != "summary":
+            raise ValueError("retry_fraction > 0 needs prompt.context 'summary' (the error is noted in the state)")
         return self
+
+
+def invalid_reply(rng: random.Random, allowed: list[str]) -> tuple[str, str]:
+    """A made-up invalid earlier reply (error kind, guess), the kinds a small model makes: a four- or
+    six-letter word, or five letters that are not a word. Built from a random allowed word, never from the
+    example's target, so the error message carries no hint of the answer."""
+    word = rng.choice(allowed)
+    kind = rng.random()
+    if kind < 0.4:
+        return NOT_FIVE_LETTERS, word[:4]
+    if kind < 0.6:
+        return NOT_FIVE_LETTERS, word + rng.choice("sdy")
+    allowed_set = set(allowed)
+    while True:
+        letters = list(word)
+        rng.shuffle(letters)
+        if "".join(letters) not in allowed_set:
+            return NOT_A_WORD, "".join(letters)
+        word = rng.choice(allowed)
 
 
 def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) -> str:
@@ -112,10 +136,13 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
         guess = teacher_guess(solver, cols, cfg.candidate_threshold)
         cands = [solver.table.answers[c] for c in cols]
         reply = format_reply(think_text(history, cands, guess, cfg.think_style, cfg.max_named), guess)
-        messages = build_messages(cfg.prompt, history, turns, MAX_GUESSES)
+        retry = invalid_reply(rng, solver.table.guesses) if cfg.retry_fraction and rng.random() < cfg.retry_fraction else None
+        messages = build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=retry)
         messages.append({"role": "assistant", "content": reply})
-        out.append({"messages": messages, "meta": {"secret": secret, "history": list(guesses),
-                                                   "seeded": len(seeded), "mode": mode, "target": guess}})
+        meta = {"secret": secret, "history": list(guesses), "seeded": len(seeded), "mode": mode, "target": guess}
+        if retry is not None:
+            meta["retry_error"] = list(retry)
+        out.append({"messages": messages, "meta": meta})
         turns.append(TurnText(reply=reply, guess=guess, pattern=feedback(guess, secret)))
         guesses.append(guess)
     return out
@@ -144,7 +171,12 @@ def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str,
         if parsed.guess != g:
             return f"earlier reply plays {parsed.guess!r}, history says {g!r}"
         turns.append(TurnText(reply=msg["content"], guess=g, pattern=feedback(g, secret)))
-    if build_messages(cfg.prompt, history, turns, MAX_GUESSES) != messages[:-1]:
+    retry = record["meta"].get("retry_error")
+    if retry is not None and (parse_reply(f"<think>x</think><guess>{retry[1]}</guess>", False, allowed).error
+                              != retry[0]):
+        return f"retry_error {retry} is not the error the engine would report"
+    last_error = tuple(retry) if retry is not None else None
+    if build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=last_error) != messages[:-1]:
         return "prompt does not match the board replayed against the secret"
     target = parse_reply(messages[-1]["content"], cfg.prompt.require_think, allowed)
     if target.error is not None:
@@ -208,6 +240,7 @@ def split_stats(records: list[dict], cfg: DataConfig) -> dict:
         stats["mean_target_tokens"] = round(float(np.mean(counts)), 2)
         stats["target_tokens_counted_by"] = how
         stats["distinct_prompts"] = len({json.dumps(r["messages"][:-1]) for r in records})
+        stats["retry_examples"] = sum("retry_error" in r["meta"] for r in records)
     return stats
 
 

@@ -232,6 +232,7 @@ class RetryExamplesTest(unittest.TestCase):
             kinds.add(kind)
             self.assertEqual(parse_reply(f"<think>x</think><guess>{guess}</guess>", True, allowed).error, kind)
             self.assertTrue(r["messages"][1]["content"].startswith(f"{error_message(kind, guess)} Try again.\n"))
+            self.assertTrue(r["messages"][-1]["content"].startswith(f"<think>{data.retry_note(kind, guess)} "))
         self.assertEqual(kinds, {"not_five_letters", "not_a_word"})
         for r in records:   # targets stay valid replies whatever the prompt says
             self.assertIsNone(parse_reply(r["messages"][-1]["content"], True, allowed).error)

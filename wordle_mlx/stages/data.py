@@ -114,6 +114,11 @@ def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) ->
     return solver.table.guesses[solver.best_guess_row(cols)]
 
 
+def retry_note(kind: str, guess: str) -> str:
+    """The think text's first sentence after an invalid reply: 'adet is not 5 letters.' / 'iceel is not a word.'"""
+    return f"{guess} is not 5 letters." if kind == NOT_FIVE_LETTERS else f"{guess} is not a word."
+
+
 def secret_stream(words: list[str], rng: random.Random):
     """Secrets in shuffled passes over `words`, so every word is used about equally often."""
     while True:
@@ -135,8 +140,11 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
         cols = solver.candidate_columns(history)
         guess = teacher_guess(solver, cols, cfg.candidate_threshold)
         cands = [solver.table.answers[c] for c in cols]
-        reply = format_reply(think_text(history, cands, guess, cfg.think_style, cfg.max_named), guess)
+        think = think_text(history, cands, guess, cfg.think_style, cfg.max_named)
         retry = invalid_reply(rng, solver.table.guesses) if cfg.retry_fraction and rng.random() < cfg.retry_fraction else None
+        if retry is not None and think is not None:   # name the rejected word first, so the retry's text differs
+            think = f"{retry_note(*retry)} {think}"
+        reply = format_reply(think, guess)
         messages = build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=retry)
         messages.append({"role": "assistant", "content": reply})
         meta = {"secret": secret, "history": list(guesses), "seeded": len(seeded), "mode": mode, "target": guess}

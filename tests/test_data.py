@@ -41,6 +41,16 @@ def board_from_prompt(text: str) -> list[tuple[str, str]]:
     return board
 
 
+def random_boards(seed: int, words: list[str], tries: int, max_guesses: int):
+    """(secret, history) for random secrets with 1..max_guesses random earlier guesses (never already won)."""
+    rng = random.Random(seed)
+    for _ in range(tries):
+        secret = rng.choice(words)
+        guesses = [rng.choice(words) for _ in range(rng.randint(1, max_guesses))]
+        if secret not in guesses:
+            yield secret, [(g, feedback(g, secret)) for g in guesses]
+
+
 class DataGenerationTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -141,15 +151,9 @@ class ThinkTextTest(unittest.TestCase):
     def test_think_text_is_truthful(self):
         table = load_table(show_progress=False)
         solver = Solver(table)
-        rng = random.Random(7)
         words = list(table.answers)
         checked = 0
-        for _ in range(60):
-            secret = rng.choice(words)
-            guesses = [rng.choice(words) for _ in range(rng.randint(1, 3))]
-            if secret in guesses:
-                continue
-            history = [(g, feedback(g, secret)) for g in guesses]
+        for secret, history in random_boards(7, words, 60, 3):
             cands = candidates(words, history)
             self.assertIsNone(check_candidates(history, cands, words))
             guess = solver.next_guess(history)
@@ -175,15 +179,9 @@ class ThinkTextTest(unittest.TestCase):
         self.assertGreater(checked, 40)
 
     def test_pattern_style_is_truthful(self):
-        rng = random.Random(11)
         words = list(answers())
         checked = 0
-        for _ in range(80):
-            secret = rng.choice(words)
-            guesses = [rng.choice(words) for _ in range(rng.randint(1, 4))]
-            if secret in guesses:
-                continue
-            history = [(g, feedback(g, secret)) for g in guesses]
+        for secret, history in random_boards(11, words, 80, 4):
             text = think_text(history, candidates(words, history), secret, "pattern")
             m = re.fullmatch(r"Pattern: ((?:[a-z_] ){4}[a-z_])\.(?: Also: ([a-z, ]+)\.)?(?: Out: ([a-z, ]+)\.)? "
                              r"Try ([a-z]{5})\.", text)

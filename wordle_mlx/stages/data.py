@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from ..config import StrictModel, resolve_path
 from ..errors import UserError
 from ..fileio import write_json_atomic, write_text_atomic
-from ..game.entropy import entropies
+from ..game.entropy import PatternTable, entropies
 from ..game.feedback import feedback
 from ..game.seeding import HistoryPolicy, seed_history
 from ..game.solver import Solver
@@ -86,23 +86,22 @@ class DataConfig(StrictModel):
         return self
 
 
-def invalid_reply(rng: random.Random, allowed: list[str]) -> tuple[str, str]:
+def invalid_reply(rng: random.Random, table: PatternTable) -> tuple[str, str]:
     """A made-up invalid earlier reply (error kind, guess), the kinds a small model makes: a four- or
     six-letter word, or five letters that are not a word. Built from a random allowed word, never from the
     example's target, so the error message carries no hint of the answer."""
-    word = rng.choice(allowed)
+    word = rng.choice(table.guesses)
     kind = rng.random()
     if kind < 0.4:
         return NOT_FIVE_LETTERS, word[:4]
     if kind < 0.6:
         return NOT_FIVE_LETTERS, word + rng.choice("sdy")
-    allowed_set = set(allowed)
     while True:
         letters = list(word)
         rng.shuffle(letters)
-        if "".join(letters) not in allowed_set:
+        if "".join(letters) not in table.guess_index:
             return NOT_A_WORD, "".join(letters)
-        word = rng.choice(allowed)
+        word = rng.choice(table.guesses)
 
 
 def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) -> str:
@@ -141,7 +140,9 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
         guess = teacher_guess(solver, cols, cfg.candidate_threshold)
         cands = [solver.table.answers[c] for c in cols]
         think = think_text(history, cands, guess, cfg.think_style, cfg.max_named)
-        retry = invalid_reply(rng, solver.table.guesses) if cfg.retry_fraction and rng.random() < cfg.retry_fraction else None
+        retry = None
+        if cfg.retry_fraction and rng.random() < cfg.retry_fraction:
+            retry = invalid_reply(rng, solver.table)
         if retry is not None and think is not None:   # name the rejected word first, so the retry's text differs
             think = f"{retry_note(*retry)} {think}"
         reply = format_reply(think, guess)

@@ -252,6 +252,78 @@ class RetryExamplesTest(unittest.TestCase):
             validate_config({"retry_fraction": 0.1, "prompt": {"context": "conversation"}}, data.DataConfig, "x.json")
 
 
+class SpaceBeforeGuessTest(unittest.TestCase):
+    """`space_before_guess`: the same examples, the guess tag written as `<guess> word</guess>`."""
+
+    def test_only_the_guess_tag_changes_and_targets_stay_valid(self):
+        from wordle_mlx.llm.prompts import parse_reply
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = []
+            for name, space in (("plain", False), ("spaced", True)):
+                folder = Path(tmp) / name
+                folder.mkdir()
+                cfg = write_config(folder, train_examples=40, valid_examples=5, turns_per_game=2,
+                                   space_before_guess=space)
+                out = Path(data.run(load_config(cfg, data.DataConfig))["out"])
+                runs.append([json.loads(l) for l in (out / "train.jsonl").read_text().splitlines()])
+        allowed = set(load_table(show_progress=False).guesses)
+        plain, spaced = runs
+        self.assertEqual(len(plain), len(spaced))
+        for a, b in zip(plain, spaced):
+            self.assertEqual(a["messages"][:-1], b["messages"][:-1])
+            self.assertEqual(a["meta"], b["meta"])
+            target = a["meta"]["target"]
+            self.assertTrue(a["messages"][-1]["content"].endswith(f"<guess>{target}</guess>"))
+            self.assertTrue(b["messages"][-1]["content"].endswith(f"<guess> {target}</guess>"))
+            self.assertEqual(parse_reply(b["messages"][-1]["content"], True, allowed).guess, target)
+
+
+class OneTokenWordsTest(unittest.TestCase):
+    """`one_token_words`: the teacher prefers words the tokenizer writes as one token, whenever one fits."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.solver = Solver(load_table(show_progress=False))
+        # a stand-in for "one token": words without an 'e' (about half of the list)
+        cls.preferred = frozenset(w for w in cls.solver.table.guesses if "e" not in w)
+
+    def test_teacher_picks_the_best_preferred_candidate(self):
+        from wordle_mlx.game.entropy import entropies
+        table, checked = self.solver.table, 0
+        for secret, history in random_boards(3, list(table.answers), 60, 3):
+            cols = self.solver.candidate_columns(history)
+            guess = data.teacher_guess(self.solver, cols, 100000, self.preferred)
+            cands = [table.answers[c] for c in cols]
+            self.assertIn(guess, cands)
+            liked = [c for c in cols if table.answers[c] in self.preferred]
+            if not liked:   # nothing preferred fits: the plain teacher's choice
+                self.assertEqual(guess, data.teacher_guess(self.solver, cols, 100000))
+                continue
+            bits = entropies(table.matrix[self.solver.answer_row[liked]], cols)
+            self.assertIn(guess, self.preferred)
+            self.assertAlmostEqual(float(bits[[table.answers[c] for c in liked].index(guess)]), float(bits.max()), 6)
+            checked += 1
+        self.assertGreater(checked, 20)
+
+    def test_solver_branch_and_think_order(self):
+        cols = self.solver.candidate_columns([])
+        self.assertIn(data.teacher_guess(self.solver, cols, 3, self.preferred), self.preferred)
+        self.assertEqual(data.preferred_first(["crane", "sloth", "eerie", "dingy"], self.preferred),
+                         ["sloth", "dingy", "crane", "eerie"])
+        self.assertEqual(data.preferred_first(["crane", "sloth"], None), ["crane", "sloth"])
+
+    def test_one_token_word_set_asks_the_tokenizer(self):
+        class Tokenizer:   # ' raise' is one piece, ' soare' two
+            def encode(self, text, add_special_tokens=True):
+                self.assert_no_specials = add_special_tokens
+                return [1] if text == " raise" else [1, 2]
+        self.assertEqual(data.one_token_word_set(Tokenizer(), ["raise", "soare"]), frozenset({"raise"}))
+
+    def test_needs_a_tokenizer(self):
+        with self.assertRaisesRegex(UserError, "one_token_words"):
+            validate_config({"one_token_words": True}, data.DataConfig, "x.json")
+
+
 class BadInputTest(unittest.TestCase):
     def test_unknown_field(self):
         with self.assertRaisesRegex(UserError, "think_styl: unknown field"):

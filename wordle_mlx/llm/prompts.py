@@ -123,10 +123,13 @@ def build_messages(cfg: PromptConfig, history: Sequence[tuple[str, str]], turns:
     return messages
 
 
-def format_reply(think: str | None, guess: str) -> str:
-    """The canonical reply text (used for SFT targets)."""
+def format_reply(think: str | None, guess: str, space_before_guess: bool = False) -> str:
+    """The canonical reply text (used for SFT targets). With `space_before_guess` the tag reads
+    `<guess> crane</guess>` (the parser strips the space): Gemma's tokenizer then has most answers as one
+    token, the same token as in the think text, instead of sub-word pieces that must be spelled out."""
     prefix = f"<think>{think}</think>\n" if think is not None else ""
-    return f"{prefix}<guess>{guess}</guess>"
+    space = " " if space_before_guess else ""
+    return f"{prefix}<guess>{space}{guess}</guess>"
 
 
 @dataclass

@@ -70,6 +70,12 @@ class DataConfig(StrictModel):
     turns_per_game: int = Field(1, ge=1, le=MAX_GUESSES, description="Teacher turns per seeded start (SFT).")
     retry_fraction: float = Field(0.0, ge=0, le=1, description="Share of SFT examples whose prompt reports an "
                                   "invalid previous reply (as the game engine does), so the model learns to recover.")
+    space_before_guess: bool = Field(False, description="Targets write `<guess> word</guess>`: with the space, "
+                                     "most answers are a single Gemma token (the one the think text uses), "
+                                     "so the model copies one token instead of spelling sub-word pieces.")
+    one_token_words: bool = Field(False, description="Teacher guesses and the think's named candidates come from "
+                                  "words that are a single token after a space in `tokenizer` (where any such word "
+                                  "fits), so the model learns to write each word as one token.")
     history: HistoryConfig = HistoryConfig()
     prompt: PromptConfig = PromptConfig()
     answers_list: str = "answers"
@@ -83,6 +89,8 @@ class DataConfig(StrictModel):
             raise ValueError("think_style 'none' needs prompt.require_think false (targets would lack <think>)")
         if self.retry_fraction > 0 and self.prompt.context != "summary":
             raise ValueError("retry_fraction > 0 needs prompt.context 'summary' (the error is noted in the state)")
+        if self.one_token_words and self.tokenizer is None:
+            raise ValueError("one_token_words needs a tokenizer (a model spec such as builtin:gemma-3-270m)")
         return self
 
 
@@ -104,13 +112,47 @@ def invalid_reply(rng: random.Random, table: PatternTable) -> tuple[str, str]:
         word = rng.choice(table.guesses)
 
 
-def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) -> str:
-    """The solver's guess, or the best-splitting candidate (ties: alphabetical) when few candidates remain."""
+def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int,
+                  preferred: frozenset[str] | None = None) -> str:
+    """The solver's guess, or the best-splitting candidate (ties: alphabetical) when few candidates remain.
+
+    With `preferred` (e.g. the words that are one token), the choice is made among the preferred candidates
+    (or preferred guesses, when the solver's branch applies) whenever there is one; else as without it."""
     if len(cols) <= candidate_threshold:
-        rows = solver.answer_row[cols]
-        bits = np.round(entropies(solver.table.matrix[rows], cols), 9)
-        return solver.table.answers[int(cols[int(np.argmax(bits))])]
-    return solver.table.guesses[solver.best_guess_row(cols)]
+        pick = cols
+        if preferred is not None:
+            pick = np.array([c for c in cols if solver.table.answers[c] in preferred], dtype=cols.dtype)
+            if len(pick) == 0:
+                pick = cols
+        bits = np.round(entropies(solver.table.matrix[solver.answer_row[pick]], cols), 9)
+        return solver.table.answers[int(pick[int(np.argmax(bits))])]
+    best = solver.table.guesses[solver.best_guess_row(cols)]
+    if preferred is None or best in preferred:
+        return best
+    rows = np.array([solver.table.guess_index[w] for w in sorted(preferred) if w in solver.table.guess_index])
+    if len(rows) == 0:
+        return best
+    bits = np.round(entropies(solver.table.matrix[rows], cols), 9)
+    return solver.table.guesses[int(rows[int(np.argmax(bits))])]
+
+
+def preferred_first(words: list[str], preferred: frozenset[str] | None) -> list[str]:
+    """`words` with the preferred ones first (each group keeps its order)."""
+    if preferred is None:
+        return words
+    return [w for w in words if w in preferred] + [w for w in words if w not in preferred]
+
+
+def one_token_word_set(tokenizer, words: list[str]) -> frozenset[str]:
+    """The words that `tokenizer` encodes as a single token after a space (' crane' -> one id)."""
+    return frozenset(w for w in words if len(tokenizer.encode(" " + w, add_special_tokens=False)) == 1)
+
+
+def load_tokenizer_for(spec: str):
+    from mlx_lm.utils import load_tokenizer
+
+    from ..llm.models import resolve_model
+    return load_tokenizer(resolve_model(spec))
 
 
 def retry_note(kind: str, guess: str) -> str:
@@ -126,7 +168,8 @@ def secret_stream(words: list[str], rng: random.Random):
         yield from order
 
 
-def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver, policy: HistoryPolicy) -> list[dict]:
+def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver, policy: HistoryPolicy,
+                 preferred: frozenset[str] | None = None) -> list[dict]:
     """One seeded start for `secret`, then up to `turns_per_game` teacher turns, one example each."""
     seeded, mode = seed_history(secret, rng, solver, policy)
     guesses = list(seeded)
@@ -137,15 +180,15 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
             break
         history = [(g, feedback(g, secret)) for g in guesses]
         cols = solver.candidate_columns(history)
-        guess = teacher_guess(solver, cols, cfg.candidate_threshold)
-        cands = [solver.table.answers[c] for c in cols]
+        guess = teacher_guess(solver, cols, cfg.candidate_threshold, preferred)
+        cands = preferred_first([solver.table.answers[c] for c in cols], preferred)
         think = think_text(history, cands, guess, cfg.think_style, cfg.max_named)
         retry = None
         if cfg.retry_fraction and rng.random() < cfg.retry_fraction:
             retry = invalid_reply(rng, solver.table)
         if retry is not None and think is not None:   # name the rejected word first, so the retry's text differs
             think = f"{retry_note(*retry)} {think}"
-        reply = format_reply(think, guess)
+        reply = format_reply(think, guess, cfg.space_before_guess)
         messages = build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=retry)
         messages.append({"role": "assistant", "content": reply})
         meta = {"secret": secret, "history": list(guesses), "seeded": len(seeded), "mode": mode, "target": guess}
@@ -195,7 +238,8 @@ def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str,
     return None
 
 
-def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]]) -> list[dict]:
+def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]],
+               preferred: frozenset[str] | None = None) -> list[dict]:
     rng = random.Random(f"wordle-mlx-data|{cfg.seed}|{split}")
     policy = cfg.history.policy()
     words = sorted(splits[split])
@@ -209,7 +253,7 @@ def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict
                 seeded, mode = seed_history(secret, rng, solver, policy)
                 new = [{"secret": secret, "history": seeded, "mode": mode}]
             else:
-                new = sft_examples(secret, cfg, rng, solver, policy)[: n - len(records)]
+                new = sft_examples(secret, cfg, rng, solver, policy, preferred)[: n - len(records)]
             records.extend(new)
             advance(len(new))
     return records
@@ -219,10 +263,7 @@ def target_token_counts(records: list[dict], cfg: DataConfig) -> tuple[list[int]
     """Assistant-target lengths in tokens (real with a tokenizer, else characters/4) and how they were counted."""
     if cfg.tokenizer is None:
         return [max(1, round(len(r["messages"][-1]["content"]) / 4)) for r in records], "chars/4"
-    from mlx_lm.utils import load_tokenizer
-
-    from ..llm.models import resolve_model
-    tok = load_tokenizer(resolve_model(cfg.tokenizer))
+    tok = load_tokenizer_for(cfg.tokenizer)
     counts = []
     for r in records:
         full = tok.apply_chat_template(r["messages"], return_dict=False)
@@ -231,7 +272,7 @@ def target_token_counts(records: list[dict], cfg: DataConfig) -> tuple[list[int]
     return counts, f"tokenizer {cfg.tokenizer}"
 
 
-def split_stats(records: list[dict], cfg: DataConfig) -> dict:
+def split_stats(records: list[dict], cfg: DataConfig, preferred: frozenset[str] | None = None) -> dict:
     if cfg.mode == "rl":
         lengths = [len(r["history"]) for r in records]
         modes = Counter(r["mode"] for r in records)
@@ -250,6 +291,8 @@ def split_stats(records: list[dict], cfg: DataConfig) -> dict:
         stats["target_tokens_counted_by"] = how
         stats["distinct_prompts"] = len({json.dumps(r["messages"][:-1]) for r in records})
         stats["retry_examples"] = sum("retry_error" in r["meta"] for r in records)
+        if preferred is not None:
+            stats["one_token_targets"] = sum(r["meta"]["target"] in preferred for r in records)
     return stats
 
 
@@ -268,7 +311,10 @@ def run(cfg: DataConfig) -> dict:
     split_sets = {name: set(words) for name, words in splits.items()}
     allowed = set(table.guesses)
     sizes = {"train": cfg.train_examples, "valid": cfg.valid_examples}
-    data = {split: make_split(split, n, cfg, solver, splits) for split, n in sizes.items()}
+    preferred = None
+    if cfg.one_token_words and cfg.mode == "sft":
+        preferred = one_token_word_set(load_tokenizer_for(cfg.tokenizer), table.guesses)
+    data = {split: make_split(split, n, cfg, solver, splits, preferred) for split, n in sizes.items()}
 
     problems = []
     for split, records in data.items():
@@ -286,7 +332,9 @@ def run(cfg: DataConfig) -> dict:
              "prompt": cfg.prompt.model_dump(), "history": cfg.history.model_dump(),
              "split_sizes": {name: len(words) for name, words in splits.items()},
              "replay_check": {"records": sum(len(r) for r in data.values()), "passed": sum(len(r) for r in data.values())},
-             **{split: split_stats(records, cfg) for split, records in data.items()}}
+             **{split: split_stats(records, cfg, preferred) for split, records in data.items()}}
+    if preferred is not None:
+        stats["one_token_words"] = len(preferred)
     write_json_atomic(out / ("rl_stats.json" if cfg.mode == "rl" else "stats.json"), stats)
     if cfg.progress:
         console.print(f"wrote {sizes['train']} train + {sizes['valid']} valid {cfg.mode} records to {out}")

@@ -15,6 +15,7 @@ on the config and the seed.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections import Counter
@@ -148,7 +149,9 @@ def one_token_word_set(tokenizer, words: list[str]) -> frozenset[str]:
     return frozenset(w for w in words if len(tokenizer.encode(" " + w, add_special_tokens=False)) == 1)
 
 
+@functools.lru_cache(maxsize=2)
 def load_tokenizer_for(spec: str):
+    """The tokenizer of model `spec`, loaded once per run (the word set and the target counts share it)."""
     from mlx_lm.utils import load_tokenizer
 
     from ..llm.models import resolve_model

@@ -7,6 +7,7 @@ import random
 import re
 import tempfile
 import unittest
+from collections import Counter
 from pathlib import Path
 
 from wordle_mlx.config import load_config, validate_config
@@ -322,6 +323,103 @@ class OneTokenWordsTest(unittest.TestCase):
     def test_needs_a_tokenizer(self):
         with self.assertRaisesRegex(UserError, "one_token_words"):
             validate_config({"one_token_words": True}, data.DataConfig, "x.json")
+
+
+def parse_clues(text: str) -> tuple[str, dict[str, list[int]], set[str]]:
+    """(pattern, {letter: positions it is not at}, absent letters) read back from a compact prompt."""
+    pattern, has, absent = "_____", {}, set()
+    for line in text.splitlines():
+        head, _, rest = line.partition(": ")
+        if head == "Pattern":
+            pattern = rest.replace(" ", "")
+        elif head == "Has":
+            for part in rest.split(", "):
+                letter, _, where = part.partition(" (not ")
+                has[letter] = [int(p) - 1 for p in where.rstrip(")").split()] if where else []
+        elif head == "Not":
+            absent = set(rest.split())
+    return pattern, has, absent
+
+
+def fits_clues(word: str, clues) -> bool:
+    pattern, has, absent = clues
+    return (all(p == "_" or p == c for p, c in zip(pattern, word)) and not set(word) & absent
+            and all(letter in word and all(word[i] != letter for i in where) for letter, where in has.items()))
+
+
+class CompactLettersTest(unittest.TestCase):
+    """The compact prompt (derived clues only) and the letters guess format (`<guess> c r a n e</guess>`)."""
+
+    def test_compact_clues_are_truthful_and_prune(self):
+        from wordle_mlx.llm.prompts import PromptConfig, build_messages
+        cfg = PromptConfig(style="compact", require_think=False)
+        words = answers()
+        board = [("raise", feedback("raise", "fetch")), ("betel", feedback("betel", "fetch"))]
+        self.assertEqual(build_messages(cfg, board)[1]["content"], "Pattern: _ e t _ _\nNot: a b i l r s")
+        self.assertEqual(build_messages(cfg, [])[1]["content"], "No clues yet.")
+        self.assertEqual(build_messages(cfg, [("crane", feedback("crane", "react"))])[1]["content"],
+                         "Pattern: _ _ a _ _\nHas: c (not 1), e (not 5), r (not 2)\nNot: n")
+        for secret, history in random_boards(5, words, 150, 3):
+            clues = parse_clues(build_messages(cfg, history)[1]["content"])
+            consistent = candidates(words, history)
+            self.assertIn(secret, consistent)
+            # truthful: every word that fits the feedback fits the clues (the clues drop only count limits)
+            self.assertTrue(all(fits_clues(w, clues) for w in consistent), history)
+            fitting = [w for w in words if fits_clues(w, clues)]
+            self.assertLessEqual(len(consistent), len(fitting))
+            self.assertLess(len(fitting), len(words))
+
+    def test_letters_targets_parse_and_only_the_reply_changes(self):
+        from wordle_mlx.llm.prompts import parse_reply
+        allowed = set(load_table(show_progress=False).guesses)
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = []
+            for name, fmt in (("word", "word"), ("letters", "letters")):
+                folder = Path(tmp) / name
+                folder.mkdir()
+                prompt = {"require_think": False, "style": "compact", "guess_format": fmt}
+                cfg = write_config(folder, train_examples=40, valid_examples=5, turns_per_game=3,
+                                   think_style="none", prompt=prompt)
+                out = Path(data.run(load_config(cfg, data.DataConfig))["out"])
+                runs.append([json.loads(l) for l in (out / "train.jsonl").read_text().splitlines()])
+        for a, b in zip(*runs):
+            self.assertEqual(a["meta"], b["meta"])
+            self.assertEqual(a["messages"][1:-1], b["messages"][1:-1])     # same boards; the instruction differs
+            target = a["meta"]["target"]
+            self.assertEqual(a["messages"][-1]["content"], f"<guess>{target}</guess>")
+            self.assertEqual(b["messages"][-1]["content"], f"<guess> {' '.join(target)}</guess>")
+            self.assertEqual(parse_reply(b["messages"][-1]["content"], False, allowed).guess, target)
+            self.assertIn("<guess> w o r d s</guess>", b["messages"][0]["content"])
+            self.assertNotIn("Your guesses so far", a["messages"][1]["content"])
+
+    def test_parser_reads_letters_only_as_five_single_letters(self):
+        from wordle_mlx.llm.prompts import MISSING_THINK, NOT_A_WORD, NOT_FIVE_LETTERS, parse_reply
+        allowed = {"crane"}
+        self.assertEqual(parse_reply("<guess> C R A N E </guess>", False, allowed).guess, "crane")
+        self.assertEqual(parse_reply("<guess>c r a n x</guess>", False, allowed).error, NOT_A_WORD)
+        for bad in ("c r a n", "c r a n e s", "cr a n e", "c  r a n e", "c,r,a,n,e"):
+            self.assertEqual(parse_reply(f"<guess>{bad}</guess>", False, allowed).error, NOT_FIVE_LETTERS, bad)
+        self.assertEqual(parse_reply("<guess>c r a n e</guess>", True, allowed).error, MISSING_THINK)
+
+
+class MaxCopiesTest(unittest.TestCase):
+    def test_no_example_more_than_max_copies_and_impossible_counts_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = write_config(Path(tmp), train_examples=120, valid_examples=10, turns_per_game=6, max_copies=2,
+                               think_style="none", prompt={"require_think": False, "style": "compact"},
+                               history={"k_weights": [0.7, 0.3]})
+            result = data.run(load_config(cfg, data.DataConfig))
+            records = [json.loads(l) for l in (Path(result["out"]) / "train.jsonl").read_text().splitlines()]
+            counts = Counter(json.dumps(r["messages"]) for r in records)
+            self.assertEqual(len(records), 120)
+            self.assertEqual(max(counts.values()), 2)          # the opener board, kept twice
+            self.assertEqual(result["train"]["distinct_examples"], len(counts))
+            # empty boards only, one copy each: the valid split's 100 teacher games have fewer distinct boards
+            cfg = write_config(Path(tmp), train_examples=10, valid_examples=2000, turns_per_game=6, max_copies=1,
+                               think_style="none", prompt={"require_think": False, "style": "compact"},
+                               history={"k_weights": [1.0]})
+            with self.assertRaisesRegex(UserError, "max_copies 1 leaves fewer than the 2000 valid examples"):
+                data.run(load_config(cfg, data.DataConfig))
 
 
 class BadInputTest(unittest.TestCase):

@@ -93,6 +93,14 @@ class SFTTest(unittest.TestCase):
             self.assertIn(key, sft_records(run_dir)[1])
         self.assertTrue((run_dir / "config.json").is_file())
         self.assertEqual((run_dir / "checkpoints" / "latest").read_text().strip(), "step_000012")
+        # the adapter records the prompts it was trained on, and eval/play use them unless told otherwise
+        from wordle_mlx.llm.prompts import PromptConfig, adapter_prompt, choose_prompt
+        trained = json.loads((self.root / "data" / "stats.json").read_text())["prompt"]
+        self.assertEqual(adapter_prompt(run_dir / "adapters").model_dump(), trained)
+        compact = PromptConfig(style="compact")
+        self.assertEqual(choose_prompt(compact, True, run_dir / "adapters"), compact)
+        self.assertEqual(choose_prompt(compact, False, run_dir / "adapters").model_dump(), trained)
+        self.assertEqual(choose_prompt(compact, False, None), compact)
         with self.assertRaisesRegex(UserError, "already exists"):
             sft.run(cfg)
         # mlx-lm itself loads the adapter folder, and it changes the model's output
@@ -169,6 +177,17 @@ class SFTTest(unittest.TestCase):
             validate_config({"learning_rat": 1}, sft.SFTConfig, "x.json")
         with self.assertRaisesRegex(UserError, "no config.json"):
             sft.run(self.config("r"), resume=str(self.root / "nothing"))
+
+    def test_broken_adapter_prompt_is_a_one_line_error(self):
+        from wordle_mlx.llm.prompts import ADAPTER_PROMPT_KEY, adapter_prompt
+        folder = self.root / "bad_prompt"
+        folder.mkdir()
+        params = lora.lora_parameters(4, 20.0, 0.0, None)
+        (folder / "adapter_config.json").write_text(json.dumps(
+            {**lora.adapter_config(-1, params, TINY), ADAPTER_PROMPT_KEY: {"style": "tiny"}}))
+        with self.assertRaisesRegex(UserError, r"adapter_config\.json: wordle_prompt: .*style"):
+            adapter_prompt(folder)
+        self.assertIsNone(adapter_prompt(self.root / "no_such_adapter"))
 
     def test_adapter_for_another_model_is_rejected(self):
         folder = self.root / "alien_adapter"

@@ -45,9 +45,16 @@ def lora_parameters(rank: int, scale: float, dropout: float, keys: list[str] | N
     return params
 
 
-def adapter_config(num_layers: int, params: dict, base_model: str) -> dict:
-    """The adapter_config.json content mlx-lm expects (extra keys are ignored by mlx-lm)."""
-    return {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params, "base_model": base_model}
+def adapter_config(num_layers: int, params: dict, base_model: str, prompt: dict | None = None) -> dict:
+    """The adapter_config.json content mlx-lm expects (extra keys are ignored by mlx-lm), plus the base model
+    and the prompt settings the adapter was trained with (`prompts.ADAPTER_PROMPT_KEY`), so eval, play and
+    GRPO show it the prompts it knows."""
+    from .prompts import ADAPTER_PROMPT_KEY
+
+    cfg = {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params, "base_model": base_model}
+    if prompt is not None:
+        cfg[ADAPTER_PROMPT_KEY] = prompt
+    return cfg
 
 
 def apply_lora(model, num_layers: int, params: dict) -> int:

@@ -5,15 +5,23 @@ The system prompt states the rules and the output format (`<think>reasoning</thi
 its feedback, letters known in place, letters in the word but not at given positions, letters ruled
 out, and guesses left. Two settings (`PromptConfig`): whether the think block is required, and whether
 the prompt carries the whole conversation (`context="conversation"`) or a fresh state summary each
-turn (`context="summary"`). The parser never raises on model output; it returns the guess or the kind
-of error. This module renders text only; it does not tokenize (the rollout engine and the SFT data
+turn (`context="summary"`); the prompt `style`: "full" (the rules, then every guess with its colours and
+the derived letters, as above) or "compact" (a one-line instruction and only the derived clues, e.g.
+"Pattern: _ e t _ _ / Has: r (not 1) / Not: a b d i", about 40 tokens instead of ~200: on a CPU every
+prompt token costs training and rollout time, and a small model does better reading the clues than
+working them out); and the `guess_format` the instruction asks for: a word (`<guess>crane</guess>`) or
+its letters (`<guess> c r a n e</guess>`, which a small model writes as five single-letter tokens that
+line up with the pattern's letters). The parser never raises on model output; it returns the guess or
+the kind of error, and it reads both guess formats. This module renders text only; it does not tokenize (the rollout engine and the SFT data
 both go through the tokenizer's chat template). It does not import mlx, so data generation can use it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Collection, Literal, Sequence
 
 from pydantic import Field
@@ -22,6 +30,8 @@ from ..config import StrictModel
 from ..game.knowledge import Knowledge
 
 Context = Literal["summary", "conversation"]
+PromptStyle = Literal["full", "compact"]
+GuessFormat = Literal["word", "letters"]
 
 # Kinds of reply errors. The first four are format errors; NOT_A_WORD is a well-formed but invalid guess.
 MISSING_THINK = "missing_think"
@@ -38,22 +48,81 @@ _MARK_WORDS = {"G": "green", "Y": "yellow", "X": "grey"}
 class PromptConfig(StrictModel):
     require_think: bool = Field(True, description="Reply must contain <think>...</think> before <guess>.")
     context: Context = Field("summary", description="'summary': fresh state each turn; 'conversation': full chat.")
+    style: PromptStyle = Field("full", description="'full': rules, every guess and the derived letters; "
+                               "'compact': one instruction line and the derived clues only.")
+    guess_format: GuessFormat = Field("word", description="What the instruction asks inside <guess>: the word, "
+                                      "or its five letters separated by spaces.")
+
+
+ADAPTER_PROMPT_KEY = "wordle_prompt"   # adapter_config.json: the PromptConfig the adapter was trained with
+
+
+def adapter_prompt(adapter_dir: str | Path | None) -> PromptConfig | None:
+    """The prompt settings saved with an adapter by `wordle-mlx sft`/`train`, or None (none saved)."""
+    if adapter_dir is None:
+        return None
+    path = Path(adapter_dir) / "adapter_config.json"
+    try:
+        raw = json.loads(path.read_text()).get(ADAPTER_PROMPT_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None      # a missing or broken adapter is reported by the model loader, with its own message
+    if raw is None:
+        return None
+    from ..errors import UserError
+    try:
+        return PromptConfig(**raw)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{path}: {ADAPTER_PROMPT_KEY}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def choose_prompt(configured: PromptConfig, explicit: bool, adapter_dir: str | Path | None) -> PromptConfig:
+    """The prompt to play with: the configured one when the user set it, else the adapter's, else the default."""
+    if explicit:
+        return configured
+    return adapter_prompt(adapter_dir) or configured
+
+
+def guess_example(cfg: PromptConfig) -> str:
+    return "<guess> w o r d s</guess>" if cfg.guess_format == "letters" else "<guess>word</guess>"
 
 
 def system_prompt(cfg: PromptConfig) -> str:
     """The rules and the reply format, kept short: on a CPU every prompt token costs training time."""
+    if cfg.style == "compact":
+        think = "<think>reasoning</think>" if cfg.require_think else ""
+        return f"Wordle: find the secret 5-letter word. Reply {think}{guess_example(cfg)}"
     think = ("Think briefly in <think> </think>, then guess:" if cfg.require_think else
              "You may think briefly in <think> </think>; then guess:")
     return (
         "You are playing Wordle: find the secret 5-letter English word in 6 guesses. "
         "Each guess must be a real 5-letter word. Feedback per letter: green = right letter, right spot; "
         "yellow = in the word, another spot; grey = not in the word (or no more copies of it).\n"
-        f"{think}\n<think>your reasoning</think>\n<guess>word</guess>"
+        f"{think}\n<think>your reasoning</think>\n{guess_example(cfg)}"
     )
 
 
-def describe_state(history: Sequence[tuple[str, str]], max_guesses: int = 6) -> str:
-    """The game so far in plain English (what a player sees, nothing more)."""
+def describe_clues(history: Sequence[tuple[str, str]]) -> str:
+    """The compact state: the clues derived from the feedback so far, in lower case, one line each.
+
+    'Pattern: _ e t _ _' (greens in place), 'Has: r (not 1), o (not 3 4)' (letters in the word, with
+    the positions they are known not to take), 'Not: a b d' (letters not in the word); empty parts are
+    left out. These are exactly `Knowledge`'s greens, misplaced and absent letters."""
+    if not history:
+        return "No clues yet."
+    k = Knowledge.from_history(history)
+    lines = ["Pattern: " + " ".join(k.greens.get(p, "_") for p in range(5))]
+    if k.misplaced:
+        lines.append("Has: " + ", ".join(f"{letter} (not {' '.join(str(p + 1) for p in positions)})" if positions
+                                         else letter for letter, positions in k.misplaced.items()))
+    if k.absent:
+        lines.append("Not: " + " ".join(k.absent))
+    return "\n".join(lines)
+
+
+def describe_state(history: Sequence[tuple[str, str]], max_guesses: int = 6, style: PromptStyle = "full") -> str:
+    """The game so far (what a player sees, nothing more): in plain English, or the compact clues."""
+    if style == "compact":
+        return describe_clues(history)
     if not history:
         return f"This is the start of the game: no guesses yet. You have {max_guesses} guesses.\nMake your first guess."
     lines = ["Your guesses so far:"]
@@ -103,31 +172,35 @@ def build_messages(cfg: PromptConfig, history: Sequence[tuple[str, str]], turns:
     """
     messages = [{"role": "system", "content": system_prompt(cfg)}]
     if cfg.context == "summary" or not turns:
-        text = describe_state(history, max_guesses)
+        text = describe_state(history, max_guesses, cfg.style)
         if last_error is not None:
             text = f"{error_message(*last_error)} Try again.\n{text}"
         messages.append({"role": "user", "content": text})
         return messages
     played = sum(1 for t in turns if t.pattern is not None)
     seeded = list(history[: len(history) - played])
-    messages.append({"role": "user", "content": describe_state(seeded, max_guesses)})
+    messages.append({"role": "user", "content": describe_state(seeded, max_guesses, cfg.style)})
     board = list(seeded)
     for turn in turns:
         messages.append({"role": "assistant", "content": turn.reply})
         if turn.pattern is not None:
             board.append((turn.guess, turn.pattern))
-            text = describe_state(board, max_guesses)
+            text = describe_state(board, max_guesses, cfg.style)
         else:
-            text = f"{error_message(turn.error, turn.guess)} Try again.\n{describe_state(board, max_guesses)}"
+            text = f"{error_message(turn.error, turn.guess)} Try again.\n{describe_state(board, max_guesses, cfg.style)}"
         messages.append({"role": "user", "content": text})
     return messages
 
 
-def format_reply(think: str | None, guess: str, space_before_guess: bool = False) -> str:
+def format_reply(think: str | None, guess: str, space_before_guess: bool = False,
+                 guess_format: GuessFormat = "word") -> str:
     """The canonical reply text (used for SFT targets). With `space_before_guess` the tag reads
     `<guess> crane</guess>` (the parser strips the space): Gemma's tokenizer then has most answers as one
-    token, the same token as in the think text, instead of sub-word pieces that must be spelled out."""
+    token, the same token as in the think text, instead of sub-word pieces that must be spelled out.
+    With `guess_format="letters"` it reads `<guess> c r a n e</guess>`."""
     prefix = f"<think>{think}</think>\n" if think is not None else ""
+    if guess_format == "letters":
+        return f"{prefix}<guess> {' '.join(guess)}</guess>"
     space = " " if space_before_guess else ""
     return f"{prefix}<guess>{space}{guess}</guess>"
 
@@ -146,6 +219,7 @@ class ParsedReply:
 _GUESS_RE = re.compile(r"<guess>(.*?)</guess>", re.DOTALL | re.IGNORECASE)
 _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL | re.IGNORECASE)
 _WORD_RE = re.compile(r"^[a-z]{5}$")
+_LETTERS_RE = re.compile(r"^[a-z](?: [a-z]){4}$")     # "c r a n e": the letters format
 
 
 def parse_reply(text: str, require_think: bool, allowed: Collection[str] | None = None) -> ParsedReply:
@@ -164,6 +238,8 @@ def parse_reply(text: str, require_think: bool, allowed: Collection[str] | None 
     if require_think and (think_match is None or think_match.end() > guess_at):
         return ParsedReply(None, MISSING_THINK, think)
     word = guesses[0].strip().lower()
+    if _LETTERS_RE.match(word):
+        word = word.replace(" ", "")
     if not _WORD_RE.match(word):
         return ParsedReply(word[:40] or None, NOT_FIVE_LETTERS, think)
     if allowed is not None and word not in allowed:

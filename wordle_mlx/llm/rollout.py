@@ -28,7 +28,7 @@ from ..game.state import MAX_GUESSES, GameState
 from .episode import Episode, Turn
 from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfig, policy_logprob_temperature,
                          policy_logprobs)
-from .prompts import PromptConfig, TurnText, build_messages, parse_reply
+from .prompts import PromptConfig, TurnText, build_messages, choose_prompt, parse_reply
 
 __all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "prompt_token_ids",
            "policy_logprob_temperature", "policy_logprobs", "Completion"]
@@ -40,6 +40,11 @@ class RolloutConfig(SamplingConfig):
     max_guesses: int = Field(MAX_GUESSES, ge=1, le=MAX_GUESSES, description="Guesses per game.")
     max_turns: int | None = Field(None, ge=1, description="Stop each game after this many model turns (None: to the end).")
     prompt: PromptConfig = Field(default_factory=PromptConfig)
+
+    def for_adapter(self, adapter) -> "RolloutConfig":
+        """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly."""
+        prompt = choose_prompt(self.prompt, "prompt" in self.model_fields_set, adapter)
+        return self.model_copy(update={"prompt": prompt})
 
 
 @dataclass

@@ -77,6 +77,9 @@ class DataConfig(StrictModel):
     one_token_words: bool = Field(False, description="Teacher guesses and the think's named candidates come from "
                                   "words that are a single token after a space in `tokenizer` (where any such word "
                                   "fits), so the model learns to write each word as one token.")
+    max_copies: int | None = Field(None, ge=1, description="Keep at most this many copies of one (prompt, "
+                                   "target) example; None keeps all. Teacher games from the empty board repeat "
+                                   "the same early boards for every secret (the opener board every time).")
     history: HistoryConfig = HistoryConfig()
     prompt: PromptConfig = PromptConfig()
     answers_list: str = "answers"
@@ -191,7 +194,7 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
             retry = invalid_reply(rng, solver.table)
         if retry is not None and think is not None:   # name the rejected word first, so the retry's text differs
             think = f"{retry_note(*retry)} {think}"
-        reply = format_reply(think, guess, cfg.space_before_guess)
+        reply = format_reply(think, guess, cfg.space_before_guess, cfg.prompt.guess_format)
         messages = build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=retry)
         messages.append({"role": "assistant", "content": reply})
         meta = {"secret": secret, "history": list(guesses), "seeded": len(seeded), "mode": mode, "target": guess}
@@ -249,6 +252,8 @@ def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict
     assert not set(words) & set(splits["test"]), "train/valid secrets overlap the test split"
     secrets = secret_stream(words, rng)
     records: list[dict] = []
+    copies: Counter = Counter()
+    idle = 0                  # games in a row that added nothing (every example already at max_copies)
     with progress_bar(f"{cfg.mode} {split}", n, enabled=cfg.progress) as advance:
         while len(records) < n:
             secret = next(secrets)
@@ -256,7 +261,16 @@ def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict
                 seeded, mode = seed_history(secret, rng, solver, policy)
                 new = [{"secret": secret, "history": seeded, "mode": mode}]
             else:
-                new = sft_examples(secret, cfg, rng, solver, policy, preferred)[: n - len(records)]
+                new = sft_examples(secret, cfg, rng, solver, policy, preferred)
+                if cfg.max_copies is not None:
+                    keys = [json.dumps(r["messages"]) for r in new]
+                    copies.update(keys)
+                    new = [r for r, key in zip(new, keys) if copies[key] <= cfg.max_copies]
+                new = new[: n - len(records)]
+            idle = 0 if new else idle + 1
+            if idle > 10 * len(words):
+                raise UserError(f"data: max_copies {cfg.max_copies} leaves fewer than the {n} {split} examples "
+                                f"asked for (got {len(records)}); lower {split}_examples or raise max_copies")
             records.extend(new)
             advance(len(new))
     return records
@@ -293,6 +307,7 @@ def split_stats(records: list[dict], cfg: DataConfig, preferred: frozenset[str] 
         stats["mean_target_tokens"] = round(float(np.mean(counts)), 2)
         stats["target_tokens_counted_by"] = how
         stats["distinct_prompts"] = len({json.dumps(r["messages"][:-1]) for r in records})
+        stats["distinct_examples"] = len({json.dumps(r["messages"]) for r in records})
         stats["retry_examples"] = sum("retry_error" in r["meta"] for r in records)
         if preferred is not None:
             stats["one_token_targets"] = sum(r["meta"]["target"] in preferred for r in records)

@@ -8,6 +8,7 @@ this shows what every other command gets.
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from importlib import metadata
@@ -67,6 +68,7 @@ def run(cfg: DoctorConfig) -> dict:
         "device": str(mx.default_device()),
         "metal_available": bool(mx.metal.is_available()),
         "blas": describe_blas(),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "matmul_size": cfg.size,
         "mlx_gflops": round(mlx_gflops, 1),
         "numpy_gflops": round(numpy_gflops, 1),

@@ -167,6 +167,8 @@ def show(result: dict) -> None:
 def run(cfg: EvalConfig) -> dict:
     deadline = time.monotonic() + cfg.timeout if cfg.timeout else None
     adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None
+    if adapter is not None:    # the prompts the adapter was trained on, unless rollout.prompt is set
+        cfg = cfg.model_copy(update={"rollout": cfg.rollout.for_adapter(adapter)})
     solver = Solver(load_table(show_progress=cfg.progress and not cfg.json_output))
     allowed = frozenset(guess_list())
     specs = game_specs(cfg, solver)
@@ -174,7 +176,8 @@ def run(cfg: EvalConfig) -> dict:
     summary, boards = play_model(cfg, specs, adapter, allowed, "eval", deadline)
     result = {"kind": "eval", "model": cfg.model, "adapter": cfg.adapter, "split": cfg.split,
               "history": cfg.history, "temperature": cfg.rollout.temperature, "seed": cfg.seed,
-              "max_tokens_per_turn": cfg.rollout.max_tokens_per_turn, **summary}
+              "max_tokens_per_turn": cfg.rollout.max_tokens_per_turn, "prompt": cfg.rollout.prompt.model_dump(),
+              **summary}
     unfinished = [(i, b) for i, b in enumerate(boards) if b["timed_out"]]
     if cfg.baselines and not unfinished:
         start = time.perf_counter()

@@ -38,7 +38,7 @@ from ..game.words import answers, guess_list
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from .entropy import load_table
-from ..llm.prompts import PromptConfig
+from ..llm.prompts import ADAPTER_PROMPT_KEY, PromptConfig, choose_prompt
 from ..llm.rollout import GameSpec, RolloutConfig
 
 
@@ -226,10 +226,11 @@ def load_policy(cfg: GRPOConfig):
                 m.dropout = nn.Dropout(p=cfg.lora.dropout)
         acfg["lora_parameters"] = dict(acfg.get("lora_parameters", {}), dropout=cfg.lora.dropout)
         acfg["base_model"] = cfg.model.name
+        acfg[ADAPTER_PROMPT_KEY] = cfg.rl.prompt.model_dump()
         return model, tokenizer, acfg
     params = lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)
     apply_lora(model, cfg.lora.num_layers, params)
-    return model, tokenizer, adapter_config(cfg.lora.num_layers, params, cfg.model.name)
+    return model, tokenizer, adapter_config(cfg.lora.num_layers, params, cfg.model.name, cfg.rl.prompt.model_dump())
 
 
 def make_optimizer(cfg: GRPOConfig):
@@ -267,6 +268,9 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
 
+    if cfg.model.adapter:   # play with the prompts the SFT adapter was trained on, unless rl.prompt is set
+        prompt = choose_prompt(cfg.rl.prompt, "prompt" in cfg.rl.model_fields_set, resolve_path(cfg, cfg.model.adapter))
+        cfg = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"prompt": prompt})})
     t, rl = cfg.training, cfg.rl
     world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
     world.check_divisible(t.batch_prompts, "training.batch_prompts")

@@ -204,7 +204,7 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     mx.random.seed(cfg.seed)
     lora_params = lora.lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)
     trainable = lora.apply_lora(model, cfg.lora.num_layers, lora_params)
-    adapter_cfg = lora.adapter_config(cfg.lora.num_layers, lora_params, cfg.model)
+    adapter_cfg = lora.adapter_config(cfg.lora.num_layers, lora_params, cfg.model, prompt_cfg.model_dump())
     if cfg.grad_checkpoint:
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])

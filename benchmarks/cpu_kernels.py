@@ -1,0 +1,139 @@
+"""CPU speed-ups measured side by side: OpenBLAS kernel choice, the fast GELU, and a whole SFT step.
+
+1. fp32 2048x2048 matmul in MLX with OpenBLAS's own CPU detection (OPENBLAS_CORETYPE unset) against the
+   core type `wordle_mlx.blas` sets from the CPU flags; each in a fresh process, alternated.
+2. `nn.gelu_approx` against `cpu_kernels.gelu_approx_fast` on a (1024, 2048) block: forward and gradient,
+   plus the largest difference in value and gradient.
+3. One LoRA SFT gradient step (value_and_grad + eval) of the 270M on the same random batch, with mlx-lm's
+   GELU and with the fast one (the MLP class is switched back and forth on one model), alternated.
+Last line: `speedup X.XX` (the SFT step, exact over fast).
+Usage: python benchmarks/cpu_kernels.py [--model builtin:gemma-3-270m] [--batch 16] [--length 80] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wordle_mlx.blas import find_openblas, openblas_coretype, reexec_with_openblas  # noqa: E402
+
+MATMUL = ("import time, mlx.core as mx\n"
+          "a = mx.random.normal((2048, 2048)); mx.eval(a); mx.eval(a @ a)\n"
+          "best = min((lambda t: (mx.eval(a @ a), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(5))\n"
+          "print(2 * 2048 ** 3 / best / 1e9)\n")
+
+
+def matmul_gflops(coretype: str | None) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    env["WORDLE_MLX_NO_REEXEC"] = "1"
+    lib = find_openblas()
+    if lib:
+        env["LD_PRELOAD"] = lib
+    if coretype:
+        env["OPENBLAS_CORETYPE"] = coretype
+    out = subprocess.run([sys.executable, "-c", MATMUL], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    reexec_with_openblas()
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
+    from mlx_lm.models import gemma3_text
+
+    from wordle_mlx.llm import cpu_kernels, lora
+    from wordle_mlx.llm.models import load_model
+    from wordle_mlx.llm.sft_loss import loss_sum
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="builtin:gemma-3-270m")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=80)
+    parser.add_argument("--targets", type=int, default=12, help="loss positions per sequence")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    coretype = openblas_coretype()
+    if find_openblas() and coretype:
+        detected, chosen = [], []
+        for _ in range(2):
+            detected.append(matmul_gflops(None))
+            chosen.append(matmul_gflops(coretype))
+        print(f"matmul 2048 fp32: OpenBLAS's own detection {statistics.median(detected):.1f} GFLOP/s, "
+              f"OPENBLAS_CORETYPE={coretype} {statistics.median(chosen):.1f} GFLOP/s, "
+              f"ratio {statistics.median(chosen) / statistics.median(detected):.2f}")
+    else:
+        print("matmul: no system OpenBLAS or no core type to choose on this machine; skipped")
+
+    x = mx.random.normal((1024, 2048)) * 3
+    mx.eval(x)
+    exact_f = best_of(lambda: mx.eval(nn.gelu_approx(x)), args.repeats)
+    fast_f = best_of(lambda: mx.eval(cpu_kernels.gelu_approx_fast(x)), args.repeats)
+    exact_grad = mx.grad(lambda v: nn.gelu_approx(v).sum())
+    fast_grad = mx.grad(lambda v: cpu_kernels.gelu_approx_fast(v).sum())
+    exact_g = best_of(lambda: mx.eval(exact_grad(x)), args.repeats)
+    fast_g = best_of(lambda: mx.eval(fast_grad(x)), args.repeats)
+    dv = mx.abs(nn.gelu_approx(x) - cpu_kernels.gelu_approx_fast(x)).max().item()
+    dg = mx.abs(exact_grad(x) - fast_grad(x)).max().item()
+    print(f"gelu (1024x2048): forward {exact_f * 1e3:.1f} -> {fast_f * 1e3:.1f} ms ({exact_f / fast_f:.2f}x), "
+          f"gradient {exact_g * 1e3:.1f} -> {fast_g * 1e3:.1f} ms ({exact_g / fast_g:.2f}x); "
+          f"max |diff| value {dv:.1e}, gradient {dg:.1e}")
+
+    model, _ = load_model(args.model)
+    mx.random.seed(0)
+    lora.apply_lora(model, -1, lora.lora_parameters(8, 20.0, 0.0, None))
+    rng = np.random.default_rng(0)
+    b, n, p = args.batch, args.length, args.targets
+    inputs = mx.array(rng.integers(100, 20000, size=(b, n)).astype(np.int32))
+    positions = mx.array(np.concatenate([i * n + np.arange(n - p, n) for i in range(b)]).astype(np.int32))
+    targets = mx.array(rng.integers(100, 20000, size=positions.shape).astype(np.int32))
+    weights = mx.ones(positions.shape)
+    step = nn.value_and_grad(model, loss_sum)
+    mlps = [m for _, m in model.named_modules() if isinstance(m, gemma3_text.MLP)]
+    fast_cls = type(mlps[0]) if type(mlps[0]) is not gemma3_text.MLP else None
+    if fast_cls is None:
+        cpu_kernels.use_fast_gelu(model)
+        fast_cls = type(mlps[0])
+
+    def use(cls):
+        for m in mlps:
+            m.__class__ = cls
+
+    times = {"exact": [], "fast": []}
+    losses = {}
+    for _ in range(args.repeats + 1):
+        for name, cls in (("exact", gemma3_text.MLP), ("fast", fast_cls)):
+            use(cls)
+            start = time.perf_counter()
+            (s, c), g = step(model, inputs, positions, targets, weights)
+            mx.eval(s, c, g)
+            times[name].append(time.perf_counter() - start)
+            losses[name] = (s / c).item()
+    exact_s, fast_s = (statistics.median(times[k][1:]) for k in ("exact", "fast"))
+    tokens = b * n
+    print(f"SFT LoRA step, batch {b} x {n} tokens, {p} targets each: mlx-lm GELU {tokens / exact_s:.0f} tok/s, "
+          f"fast GELU {tokens / fast_s:.0f} tok/s; loss {losses['exact']:.5f} vs {losses['fast']:.5f}")
+    print(f"speedup {exact_s / fast_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""A faster tanh-approximate GELU for Gemma 3 on the MLX CPU backend, numerically the same function.
+
+Gemma 3's MLP computes `down(gelu_approx(gate(x)) * up(x))`. On the CPU backend MLX evaluates `tanh`
+one element at a time through libm (~20 ns per element), so for the 270M model the GELU of a
+(1024, 2048) block takes longer than the three matmuls around it, and its gradient about twice that.
+`gelu_approx_fast` computes the same formula, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), with
+tanh as the clamped rational (13/6) polynomial that Eigen uses for float32 (within 4e-7 of libm's tanh),
+so it is built from multiply-adds and one division that `mx.compile` fuses; its gradient is written out
+by hand as a custom VJP in the same way. Measured here: forward ~8x, gradient ~4x faster than
+`nn.gelu_approx`, values within 1e-6 (`benchmarks/cpu_kernels.py`). `use_fast_gelu(model)` swaps the
+MLP class of every Gemma 3 block of one loaded model for a subclass that calls it; the module tree,
+parameter names and saved weights are unchanged. Only for CPU: on Metal `tanh` is fast already.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+_TANH_CLAMP = 7.90531110763549805   # beyond this, float32 tanh is +-1
+_TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
+           -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)   # odd numerator, by z^2
+_TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
+_C = math.sqrt(2.0 / math.pi)
+_K = 0.044715
+
+
+def _tanh(z: mx.array) -> mx.array:
+    z = mx.clip(z, -_TANH_CLAMP, _TANH_CLAMP)
+    z2 = z * z
+    p = _TANH_P[-1]
+    for c in _TANH_P[-2::-1]:
+        p = p * z2 + c
+    q = _TANH_Q[-1]
+    for c in _TANH_Q[-2::-1]:
+        q = q * z2 + c
+    return z * p / q
+
+
+@mx.compile
+def _gelu_forward(x: mx.array) -> mx.array:
+    return 0.5 * x * (1.0 + _tanh(_C * (x + _K * x * x * x)))
+
+
+@mx.compile
+def _gelu_backward(x: mx.array, cotangent: mx.array) -> mx.array:
+    x2 = x * x
+    t = _tanh(_C * (x + _K * x2 * x))
+    return cotangent * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _C * (1.0 + 3.0 * _K * x2))
+
+
+@mx.custom_function
+def gelu_approx_fast(x: mx.array) -> mx.array:
+    """`nn.gelu_approx(x)`, computed without libm's tanh (see the module docstring)."""
+    return _gelu_forward(x)
+
+
+@gelu_approx_fast.vjp
+def _gelu_approx_fast_vjp(primals, cotangent, output):
+    x = primals[0] if isinstance(primals, (tuple, list)) else primals
+    return (_gelu_backward(x, cotangent),)
+
+
+def _fast_mlp_class(base: type) -> type:
+    """A subclass of mlx-lm's Gemma 3 MLP whose call uses `gelu_approx_fast` (same parameters)."""
+    class FastGeluMLP(base):
+        def __call__(self, x):
+            return self.down_proj(gelu_approx_fast(self.gate_proj(x)) * self.up_proj(x))
+
+    FastGeluMLP.__name__ = FastGeluMLP.__qualname__ = f"FastGelu{base.__name__}"
+    return FastGeluMLP
+
+
+_FAST_CLASSES: dict[type, type] = {}
+
+
+def use_fast_gelu(model) -> int:
+    """Switch every Gemma 3 MLP in `model` to the fast GELU; returns how many were switched."""
+    from mlx_lm.models import gemma3_text
+
+    switched = 0
+    for _, module in model.named_modules():
+        if type(module) is gemma3_text.MLP:
+            cls = _FAST_CLASSES.setdefault(gemma3_text.MLP, _fast_mlp_class(gemma3_text.MLP))
+            module.__class__ = cls
+            switched += 1
+    return switched
+

@@ -29,6 +29,7 @@ stage() {  # stage NAME COMMAND...: run once; a finished stage is skipped on the
   local t0=$(date +%s)
   "$@"
   echo "$(( $(date +%s) - t0 ))" > "$R/$name.done"
+  if [ "${STOP_AFTER:-}" = "$name" ]; then echo "== stopping after $name (STOP_AFTER)"; exit 0; fi
 }
 
 train_or_resume() {  # train_or_resume RUN_DIR COMMAND...: resume RUN_DIR when it has a checkpoint
@@ -56,11 +57,12 @@ stage setup   make setup
 stage model   $W model import builtin:gemma-3-270m
 stage entropy $W entropy --top 5
 stage data    $W data --config config/data.json
-# SFT in two legs: the 30-minute run of config/sft_cpu_270m.json (200 steps; its adapter is kept as
-# sft30_adapters), then the same run resumed to 360 steps (the cosine schedule is re-spread over 360).
+# SFT in two legs: the 30-minute run of config/sft_cpu_270m.json (180 steps; its adapter is kept as
+# sft30_adapters), then the same run resumed to $SFT_STEPS steps (the cosine schedule is re-spread).
+SFT_STEPS="${SFT_STEPS:-480}"
 stage sft       train_or_resume logs/sft-270m $W sft --config config/sft_cpu_270m.json
 stage sft30-keep bash -c "rm -rf $R/sft30_adapters && cp -r logs/sft-270m/adapters $R/sft30_adapters"
-stage sft-more  $W sft --resume logs/sft-270m --steps 360 --no-progress
+stage sft-more  $W sft --resume logs/sft-270m --steps "$SFT_STEPS" --no-progress
 stage grpo      train_or_resume logs/grpo-270m $W train --config config/grpo_cpu_270m.json
 
 # The base model never closes a <guess> tag (100% format errors), so 24 tokens per reply show the same.

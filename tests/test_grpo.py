@@ -11,9 +11,10 @@ import numpy as np
 
 import mlx.core as mx
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from wordle_mlx.config import validate_config
+from wordle_mlx.llm import grpo_loss as grpo_loss_module
 from wordle_mlx.llm import grpo_step
 from wordle_mlx.llm.episode import TokenSequence
 from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
@@ -150,6 +151,45 @@ class LossOnTinyModel(unittest.TestCase):
         self.assertEqual((result.applied, result.skipped_groups, result.trained_tokens), (False, 2, 0))
         after = dict(tree_flatten(self.model.trainable_parameters()))
         self.assertTrue(all(np.array_equal(before[k], np.array(after[k])) for k in before))
+
+    def test_shared_prompt_update_equals_plain_packing(self):
+        """Replies to one prompt, packed with the prompt run once, give the plain packing's log-probs, loss,
+        gradient and update, including the reference term (beta > 0) and a second prompt's group."""
+        mx.random.seed(7)
+        other = self.tok.apply_chat_template([{"role": "user", "content": "a longer second prompt here"}],
+                                             add_generation_prompt=True)
+        items = sample_items(self.model, self.tok, self.prompt, 2, 4, 6, lambda t: len(t) + t[0] % 3)
+        more = sample_items(self.model, self.tok, other, 1, 3, 5, lambda t: t[-1] % 5)
+        for it in more:
+            it.group = 2
+        items += more
+        seqs = [it.sequences[0] for it in items]
+        groups, rest = grpo_loss_module.shared_prompt_groups(seqs, 256)
+        self.assertEqual((sorted(len(g) for g in groups), rest), ([3, 8], []))
+        shared = grpo_loss_module.pack_shared_batch([seqs[i] for i in groups[0]], [0.5] * len(groups[0]),
+                                                    averaging_weights([sum(seqs[i].mask) for i in groups[0]], "token"))
+        arrays = batch_arrays(shared)
+        new = selected_logprobs(self.model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.0,
+                                arrays["prefix"])
+        np.testing.assert_allclose(np.array(new), shared.old_logprobs, atol=2e-4)
+        # lora_b starts at 0, so give the adapters values: the reference (LoRA off) then differs
+        for _, m in self.model.named_modules():
+            if hasattr(m, "lora_b"):
+                m.lora_b = mx.random.normal(m.lora_b.shape) * 0.05
+        start = {k: mx.array(v) for k, v in tree_flatten(self.model.trainable_parameters())}
+        results, params = [], []
+        for share in (False, True):
+            self.model.update(tree_unflatten(list(start.items())))
+            settings = UpdateSettings(LossSettings(beta=0.05), share_prompts=share)
+            results.append(policy_update(self.model, optim.SGD(learning_rate=0.1), items, settings))
+            params.append({k: np.array(v) for k, v in tree_flatten(self.model.trainable_parameters())})
+        plain, shared_result = results
+        self.assertAlmostEqual(plain.loss, shared_result.loss, places=5)
+        self.assertAlmostEqual(plain.grad_norm, shared_result.grad_norm, places=4)
+        self.assertAlmostEqual(plain.kl, shared_result.kl, places=6)
+        self.assertEqual(plain.trained_tokens, shared_result.trained_tokens)
+        for k in params[0]:
+            np.testing.assert_allclose(params[0][k], params[1][k], atol=1e-5, err_msg=k)
 
     def test_reference_is_model_with_lora_off(self):
         model, tok = tiny_policy(5)

@@ -6,6 +6,7 @@ import math
 import unittest
 
 import mlx.core as mx
+import numpy as np
 
 from wordle_mlx.game.words import guess_list
 from wordle_mlx.llm.generation import BatchedGenerator, Completion, SamplingConfig, policy_logprobs
@@ -177,6 +178,23 @@ class TestStopping(unittest.TestCase):
             self.assertEqual(turn.finish_reason, "length")
             self.assertEqual(len(turn.completion_tokens), 10)
             self.assertEqual(turn.error, MISSING_GUESS)
+
+
+class TestInverseCdfSampler(unittest.TestCase):
+    def test_samples_follow_softmax_at_the_temperature_and_repeat_with_the_seed(self):
+        from wordle_mlx.llm.generation import inverse_cdf_sampler
+        logits = mx.array([[2.0, 1.0, 0.0, -1.0, -30.0, 0.5]])
+        for temperature in (1.0, 0.7):
+            sample = inverse_cdf_sampler(temperature)
+            rows = mx.repeat(logits - mx.logsumexp(logits, axis=-1, keepdims=True), 4000, axis=0)
+            mx.random.seed(3)
+            draws = np.concatenate([np.array(sample(rows)) for _ in range(5)])
+            freq = np.bincount(draws, minlength=6) / len(draws)
+            expected = np.array(mx.softmax(logits[0] / temperature))
+            np.testing.assert_allclose(freq, expected, atol=0.015)
+            self.assertEqual(freq[4], 0.0)
+            mx.random.seed(3)
+            self.assertTrue(np.array_equal(np.array(sample(rows)), draws[:4000]))
 
 
 class TestTinyModelRollouts(unittest.TestCase):

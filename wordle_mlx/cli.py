@@ -111,6 +111,7 @@ def eval_command(config: ConfigOpt = None,
                  max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply.")] = None,
                  out: Annotated[Optional[Path], typer.Option("--out", help="Write the eval JSON here.")] = None,
                  no_baselines: Annotated[bool, typer.Option("--no-baselines", help="Skip solver/base-model baselines.")] = False,
+                 constrain: Annotated[bool, typer.Option("--constrain", help="Letters format: replies can only spell allowed words.")] = False,
                  timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds for the whole eval.")] = None,
                  no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
                  json_output: JsonFlag = False) -> None:
@@ -121,6 +122,7 @@ def eval_command(config: ConfigOpt = None,
         "model": model, "adapter": str(Path(adapter).resolve()) if adapter else None, "games": games,
         "split": split, "history": history, "seed": seed,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
+        "rollout.constrain": True if constrain else None,
         "out": str(out.resolve()) if out else None, "baselines": False if no_baselines else None,
         "timeout": timeout, "progress": False if no_progress else None, "json_output": json_output})
     emit(stage.run(cfg), json_output)
@@ -133,12 +135,14 @@ def play(model: ModelOpt = "builtin:gemma-3-270m", adapter: AdapterOpt = None,
          human: Annotated[bool, typer.Option("--human", help="You play; type ? for model and solver hints.")] = False,
          temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
          max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max tokens per reply.")] = 256,
+         constrain: Annotated[bool, typer.Option("--constrain", help="Letters format: replies can only spell allowed words.")] = False,
          json_output: JsonFlag = False) -> None:
     """Watch a model play one game (reasoning and tiles), or play yourself with --human."""
     from .stages import play as stage
     cfg = load_config(None, stage.PlayConfig, {
         "model": model, "adapter": adapter, "secret": secret, "seed": seed, "human": human,
-        "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens})
+        "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
+        "rollout.constrain": constrain})
     emit(stage.run(cfg), json_output)
 
 

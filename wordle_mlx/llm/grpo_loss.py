@@ -12,7 +12,10 @@ with rho_t = exp(new - old) against the rollout's own log-probs (same convention
 log_softmax(logits / T) at the sampled token, T = sampling temperature) and KL_t the k3 estimator
 exp(ref - new) - (ref - new) - 1 to the reference policy, which is the same model with its LoRA
 switched off (`lora_disabled`: scale 0, no second copy of the weights). Only model-token positions are
-projected to the vocabulary.
+projected to the vocabulary. Sequences that are one shared prompt followed by one reply each (GRPO turn
+mode: G replies to the same board) are packed by `pack_shared_batch`: the prompt runs through the model
+once and every reply attends to its keys and values (`logits.shared_prefix_logits`), which gives the same
+log-probs and gradients as packing the G full sequences at a fraction of the tokens.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class PolicyBatch:
     advantages: np.ndarray      # (M,) advantage of each token's sequence
     weights: np.ndarray         # (M,) averaging weights; they sum to (this batch's share of) 1
     sequence: np.ndarray        # (M,) index of the sequence each token belongs to
+    prefix: np.ndarray | None = None   # (Lp,) a prompt shared by every row; inputs are then the continuations
 
     @property
     def num_tokens(self) -> int:
@@ -106,6 +110,74 @@ def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence[float], 
                        cat(wts, np.float32), cat(seq, np.int32))
 
 
+def shared_prompt_length(seq: TokenSequence) -> int | None:
+    """k when the sequence is k >= 1 prompt tokens (mask 0) followed only by model tokens (mask 1), else None."""
+    mask = list(seq.mask)
+    k = mask.index(1) if 1 in mask else len(mask)
+    if k == 0 or k == len(mask) or any(m != 1 for m in mask[k:]):
+        return None
+    return k
+
+
+def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence[float],
+                      weights: Sequence[np.ndarray], pad_id: int = 0) -> PolicyBatch:
+    """Pack sequences that share one prompt (mask-0 prefix) followed by a reply each: `prefix` is the prompt
+    without its last token, and row i of `inputs` is that last token followed by reply i (right-padded), so
+    position j of a row predicts reply token j."""
+    if not (len(sequences) == len(advantages) == len(weights)):
+        raise ValueError("pack_shared_batch needs one advantage and one weight array per sequence")
+    k = shared_prompt_length(sequences[0])
+    prompt = list(sequences[0].tokens[:k]) if k else None
+    if prompt is None or any(shared_prompt_length(q) != k or list(q.tokens[:k]) != prompt for q in sequences):
+        raise ValueError("pack_shared_batch needs sequences that are one shared prompt followed by one reply each")
+    width = max(len(q.tokens) for q in sequences) - k
+    inputs = np.full((len(sequences), width), pad_id, dtype=np.int32)
+    pos, tgt, old, adv, wts, seq = [], [], [], [], [], []
+    for i, (q, a, w) in enumerate(zip(sequences, advantages, weights)):
+        reply = np.asarray(q.tokens[k:], dtype=np.int32)
+        if len(reply) != len(w):
+            raise ValueError(f"sequence {i}: {len(reply)} model tokens but {len(w)} weights")
+        inputs[i, 0] = prompt[-1]
+        inputs[i, 1:len(reply)] = reply[:-1]
+        pos.append(i * width + np.arange(len(reply)))
+        tgt.append(reply)
+        old.append(np.asarray(q.logprobs[k:], dtype=np.float32))
+        adv.append(np.full(len(reply), a, dtype=np.float32))
+        wts.append(np.asarray(w, dtype=np.float32))
+        seq.append(np.full(len(reply), i, dtype=np.int32))
+    cat = lambda parts, dt: np.concatenate(parts).astype(dt)  # noqa: E731
+    return PolicyBatch(inputs, cat(pos, np.int64), cat(tgt, np.int32), cat(old, np.float32), cat(adv, np.float32),
+                       cat(wts, np.float32), cat(seq, np.int32), prefix=np.asarray(prompt[:-1], dtype=np.int32))
+
+
+def shared_prompt_groups(sequences: Sequence[TokenSequence], max_loss_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """(groups of indices of >= 2 sequences that share a prompt and can go through `pack_shared_batch`, each
+    with at most `max_loss_tokens` model tokens; the indices of the other sequences)."""
+    by_prompt: dict[tuple, list[int]] = {}
+    rest = []
+    for i, q in enumerate(sequences):
+        k = shared_prompt_length(q)
+        if k is None:
+            rest.append(i)
+        else:
+            by_prompt.setdefault(tuple(q.tokens[:k]), []).append(i)
+    groups = []
+    for idx in by_prompt.values():
+        if len(idx) < 2:
+            rest.extend(idx)
+            continue
+        cur, cur_loss = [], 0
+        for i in idx:
+            n = sum(sequences[i].mask)
+            if cur and cur_loss + n > max_loss_tokens:
+                groups.append(cur)
+                cur, cur_loss = [], 0
+            cur.append(i)
+            cur_loss += n
+        groups.append(cur)
+    return groups, sorted(rest)
+
+
 def split_batch(sequences: Sequence[TokenSequence], max_tokens: int, max_loss_tokens: int | None = None) -> list[list[int]]:
     """Indices of sequences grouped into micro-batches (>= 1 sequence each) of at most `max_tokens` padded
     tokens and `max_loss_tokens` model tokens: each model token costs a (vocab,) row of logits, which for
@@ -127,13 +199,17 @@ def split_batch(sequences: Sequence[TokenSequence], max_tokens: int, max_loss_to
 
 
 # --- MLX part --------------------------------------------------------------------------------------
-def selected_logprobs(model, inputs, positions, targets, temperature: float):
-    """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part)."""
+def selected_logprobs(model, inputs, positions, targets, temperature: float, prefix=None):
+    """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part).
+    With `prefix`, every row of `inputs` continues that one prefix (see `pack_shared_batch`)."""
     import mlx.core as mx
 
-    from .logits import selected_logits
+    from .logits import selected_logits, shared_prefix_logits
 
-    scaled = selected_logits(model, inputs, positions).astype(mx.float32)
+    if prefix is not None:
+        scaled = shared_prefix_logits(model, prefix, inputs, positions).astype(mx.float32)
+    else:
+        scaled = selected_logits(model, inputs, positions).astype(mx.float32)
     if temperature != 1.0:
         scaled = scaled / temperature
     # no full (positions, vocab) log-softmax: the target logit minus the log-partition is enough
@@ -165,9 +241,12 @@ class LossSettings:
 def batch_arrays(batch: PolicyBatch) -> dict:
     import mlx.core as mx
 
-    return {"inputs": mx.array(batch.inputs), "positions": mx.array(batch.positions.astype(np.int32)),
-            "targets": mx.array(batch.targets), "old": mx.array(batch.old_logprobs),
-            "adv": mx.array(batch.advantages), "weights": mx.array(batch.weights)}
+    arrays = {"inputs": mx.array(batch.inputs), "positions": mx.array(batch.positions.astype(np.int32)),
+              "targets": mx.array(batch.targets), "old": mx.array(batch.old_logprobs),
+              "adv": mx.array(batch.advantages), "weights": mx.array(batch.weights)}
+    if batch.prefix is not None:
+        arrays["prefix"] = mx.array(batch.prefix)
+    return arrays
 
 
 def reference_logprobs(model, arrays: dict, temperature: float):
@@ -178,7 +257,7 @@ def reference_logprobs(model, arrays: dict, temperature: float):
         if n == 0:
             raise ValueError("beta > 0 needs LoRA layers: the reference policy is the model with LoRA switched off")
         ref = mx.stop_gradient(selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"],
-                                                 temperature))
+                                                 temperature, arrays.get("prefix")))
         mx.eval(ref)
     return ref
 
@@ -187,7 +266,8 @@ def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
     """(loss, stats) for one micro-batch; stats are weighted sums (kl, clipped, ratio) to add across micro-batches."""
     import mlx.core as mx
 
-    new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], settings.temperature)
+    new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], settings.temperature,
+                            arrays.get("prefix"))
     w, adv = arrays["weights"], arrays["adv"]
     ratio = mx.exp(new - arrays["old"])
     high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high

@@ -9,7 +9,8 @@ same state (`rollout.sample_replies`, all B x G in one batch), each scored with 
 best-scoring valid reply (the best reply of any kind if none is valid). The result is a list of
 `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages, drops zero-variance groups, splits the
-rest into micro-batches of at most `max_tokens` padded tokens, accumulates gradients of `grpo_loss`,
+rest into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
+`max_tokens` padded tokens), accumulates gradients of `grpo_loss`,
 clips them, and applies the optimizer only when the loss and gradient norm are finite.
 """
 
@@ -23,8 +24,8 @@ import numpy as np
 
 from ..game.rewards import COMPONENTS, ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
-from .grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch,
-                        reference_logprobs, split_batch)
+from .grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch, pack_shared_batch,
+                        reference_logprobs, shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, parse_reply
 from .rollout import GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids, sample_replies
 
@@ -176,6 +177,7 @@ class UpdateSettings:
     max_grad_norm: float = 1.0           # 0 = no clipping
     max_tokens: int = 4096               # padded tokens per micro-batch
     max_loss_tokens: int = 256           # model tokens per micro-batch (each one is a vocab-sized logit row)
+    share_prompts: bool = True           # replies to one prompt: run the prompt once (pack_shared_batch)
 
 
 @dataclass
@@ -210,6 +212,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     from mlx.utils import tree_map
 
     from .distributed import World
+    from .logits import has_split_head
 
     world = world or World()
     start = time.perf_counter()
@@ -236,8 +239,12 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
 
     value_and_grad = nn.value_and_grad(model, loss_of)
     grads, total_loss, kl, clip = None, 0.0, 0.0, 0.0
-    for idx in split_batch(seqs, s.max_tokens, s.max_loss_tokens) if seqs else []:
-        batch = pack_batch([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
+    sharing = s.share_prompts and has_split_head(model)
+    shared, rest = shared_prompt_groups(seqs, s.max_loss_tokens) if sharing else ([], list(range(len(seqs))))
+    plain = [[rest[j] for j in idx] for idx in split_batch([seqs[i] for i in rest], s.max_tokens, s.max_loss_tokens)] \
+        if rest else []
+    for idx, pack in [(g, pack_shared_batch) for g in shared] + [(g, pack_batch) for g in plain]:
+        batch = pack([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
         arrays = batch_arrays(batch)
         ref = reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None
         (loss, stats), g = value_and_grad(arrays, ref)

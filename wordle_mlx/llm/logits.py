@@ -49,3 +49,47 @@ def full_logits_at(model, inputs: mx.array, positions: mx.array) -> mx.array:
     """Reference path: full (B, L, vocab) logits, then the same gather (for tests and benchmarks)."""
     logits = model(inputs)
     return logits.reshape(-1, logits.shape[-1])[positions]
+
+
+class _PrefixCache:
+    """A training-time KV cache for one layer: the prefix's keys and values (with their autodiff graph),
+    then a batch of continuations that all attend to that one prefix (broadcast over the batch)."""
+
+    def __init__(self):
+        self.keys = self.values = None
+        self.offset = 0
+
+    def update_and_fetch(self, keys, values):
+        import mlx.core as mx
+
+        if self.keys is not None:
+            shape = (keys.shape[0],) + self.keys.shape[1:]
+            keys = mx.concatenate([mx.broadcast_to(self.keys, shape), keys], axis=2)
+            values = mx.concatenate([mx.broadcast_to(self.values, (values.shape[0],) + self.values.shape[1:]),
+                                     values], axis=2)
+        self.keys, self.values = keys, values
+        self.offset = keys.shape[2]
+        return keys, values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        from mlx_lm.models.base import create_causal_mask
+
+        if self.offset == 0 and not return_array and (window_size is None or n <= window_size):
+            return "causal"
+        return create_causal_mask(n, self.offset, window_size=window_size)
+
+
+def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, positions: mx.array) -> mx.array:
+    """(P, vocab) logits at `positions` (flat indices into the (G * L) continuation block) for G sequences
+    that all start with the same `prefix` (1-D): the prefix runs through the model once, and its keys and
+    values serve every continuation. Equal to `selected_logits` on the G concatenated sequences (the
+    prefix's own positions are not scored), at a fraction of the cost when the prefix is the long part
+    (GRPO turn mode: G replies to one prompt). Gemma 3 text models only (`has_split_head`)."""
+    if not has_split_head(model):
+        raise ValueError("shared_prefix_logits needs a gemma3_text model")
+    body = text_model(model).model
+    caches = [_PrefixCache() for _ in body.layers]
+    body(prefix[None], cache=caches)
+    hidden = body(continuations, cache=caches)
+    hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
+    return project(model, hidden)

@@ -23,6 +23,7 @@ from typing import Callable, Collection, Sequence
 
 from pydantic import Field
 
+from ..errors import UserError
 from ..game.knowledge import is_consistent
 from ..game.state import MAX_GUESSES, GameState
 from .episode import Episode, Turn
@@ -40,6 +41,8 @@ class RolloutConfig(SamplingConfig):
     max_guesses: int = Field(MAX_GUESSES, ge=1, le=MAX_GUESSES, description="Guesses per game.")
     max_turns: int | None = Field(None, ge=1, description="Stop each game after this many model turns (None: to the end).")
     prompt: PromptConfig = Field(default_factory=PromptConfig)
+    constrain: bool = Field(False, description="Letters format only: replies can spell only allowed words "
+                            "(llm/word_constraint.py). An inference option, never for GRPO rollouts.")
 
     def for_adapter(self, adapter) -> "RolloutConfig":
         """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly."""
@@ -72,14 +75,16 @@ def prompt_token_ids(tokenizer, cfg: RolloutConfig, state: GameState, texts: Seq
     return [int(t) for t in (ids if isinstance(ids, list) else ids.tolist())]
 
 
-def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: SamplingConfig) -> GenerateFn:
-    """The backend to use: `generate_fn` if given, else mlx-lm batching (RNG seeded with cfg.seed)."""
+def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: SamplingConfig,
+                        constraint_words: Collection[str] | None = None) -> GenerateFn:
+    """The backend to use: `generate_fn` if given, else mlx-lm batching (RNG seeded with cfg.seed), with the
+    allowed-words constraint when `constraint_words` is given."""
     if generate_fn is not None:
         return generate_fn
     import mlx.core as mx
 
     mx.random.seed(cfg.seed)
-    return BatchedGenerator(model, tokenizer)
+    return BatchedGenerator(model, tokenizer, constraint_words=constraint_words)
 
 
 def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
@@ -137,7 +142,10 @@ def play_games(model, tokenizer, games: Sequence[GameSpec], cfg: RolloutConfig, 
     `on_turn(game_index, episode, turn)` is called after every recorded turn (live display).
     """
     allowed = allowed_words if isinstance(allowed_words, (set, frozenset)) else frozenset(allowed_words)
-    generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
+    if cfg.constrain and cfg.prompt.guess_format != "letters":
+        raise UserError(f"constrain: the allowed-words constraint needs guess_format 'letters', "
+                        f"not {cfg.prompt.guess_format!r}")
+    generate = default_generate_fn(model, tokenizer, generate_fn, cfg, allowed if cfg.constrain else None)
     if model is not None and hasattr(model, "eval"):
         model.eval()
     running = [_start(spec, cfg) for spec in games]

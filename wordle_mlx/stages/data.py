@@ -6,7 +6,8 @@ are). The prompt is `prompts.build_messages` for a seeded board; the target is `
 guess)` where the guess is the teacher's: the greedy-entropy choice, or the best-splitting candidate
 when at most `candidate_threshold` candidates remain; the think text comes from `game/thinking.py`.
 With `turns_per_game > 1` the teacher keeps playing from the seeded start and every turn is its own
-example. RL mode writes `rl_train.jsonl` / `rl_valid.jsonl` records `{"secret", "history", "mode"}` for
+example; `max_copies` caps how often one (prompt, target) example may occur (teacher games from the empty
+board would otherwise spend a quarter of the data on the opener board). RL mode writes `rl_train.jsonl` / `rl_valid.jsonl` records `{"secret", "history", "mode"}` for
 GRPO. Secrets come from the fixed split (train for train, valid for valid; never test: asserted), every
 record is replayed through the engine before anything is written (`replay_problem`), and `stats.json`
 records counts, the history-length histogram, target length and the replay check. Output depends only

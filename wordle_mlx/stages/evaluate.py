@@ -177,7 +177,7 @@ def run(cfg: EvalConfig) -> dict:
     result = {"kind": "eval", "model": cfg.model, "adapter": cfg.adapter, "split": cfg.split,
               "history": cfg.history, "temperature": cfg.rollout.temperature, "seed": cfg.seed,
               "max_tokens_per_turn": cfg.rollout.max_tokens_per_turn, "prompt": cfg.rollout.prompt.model_dump(),
-              **summary}
+              "constrain": cfg.rollout.constrain, **summary}
     unfinished = [(i, b) for i, b in enumerate(boards) if b["timed_out"]]
     if cfg.baselines and not unfinished:
         start = time.perf_counter()

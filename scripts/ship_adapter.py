@@ -23,18 +23,19 @@ README = """# {out}
 
 LoRA adapter (mlx-lm format) for `builtin:gemma-3-270m`, packaged from `{adapter}` by
 `scripts/ship_adapter.py`; `scripts/train_270m_cpu.sh` (`make train-270m`) is the recipe that trains it,
-and docs/RESULTS.md has every number with its command.
+and docs/RESULTS.md has every number with its command. Its `adapter_config.json` records the prompt
+settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train` use for it.
 
     wordle-mlx play --adapter {out}
-    wordle-mlx eval --adapter {out} --games 200 --max-tokens 48 --no-baselines
+    wordle-mlx eval --adapter {out} --games 200 --max-tokens {max_tokens} --no-baselines
 
-- `recipe/`: the data, SFT and GRPO configs of the run (the SFT leg of config/sft_cpu_270m.json ran 200
-  steps and was then resumed to 360 steps, as the recipe script does).
+- `recipe/`: the data, SFT and GRPO configs of the run (the recipe script runs the SFT config, then
+  resumes it to more steps; see the script).
 - `data_seed.json`: the data config (its seed regenerates the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 
-| eval JSON | split | history | temperature | wins | win rate (95% CI) | format-valid replies |
-|---|---|---|---:|---:|---:|---:|
+| eval JSON | split | history | temperature | constrained | wins | win rate (95% CI) | format-valid replies | invalid words |
+|---|---|---|---:|---|---:|---:|---:|---:|
 {evals}
 """
 MAX_BYTES = 20 * 1024 * 1024
@@ -84,14 +85,18 @@ def main() -> None:
         seed = {"data_config": data_cfg, "secrets": data_secrets(data_dir),
                 "note": "GRPO draws its secrets from the train split (wordle_mlx/game/splits.py) with its own seed."}
         (tmp / "data_seed.json").write_text(json.dumps(seed, indent=1) + "\n")
-        lines = []
+        lines, max_tokens = [], 16
         for path in args.eval:
             shutil.copy2(path, tmp / path.name)
             e = json.loads(path.read_text())
             lo, hi = e["win_rate_ci95"]
-            lines.append(f"| `{path.name}` | {e['split']} | {e['history']} | {e['temperature']} | {e['wins']} / {e['games']} "
-                         f"| {100 * e['win_rate']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) | {100 * (1 - e['format_error_rate']):.1f}% |")
-        (tmp / "README.md").write_text(README.format(adapter=args.adapter, out=args.out, evals="\n".join(lines)))
+            max_tokens = e.get("max_tokens_per_turn", max_tokens)
+            lines.append(f"| `{path.name}` | {e['split']} | {e['history']} | {e['temperature']} "
+                         f"| {'yes' if e.get('constrain') else 'no'} | {e['wins']} / {e['games']} "
+                         f"| {100 * e['win_rate']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) "
+                         f"| {100 * (1 - e['format_error_rate']):.1f}% | {100 * e['invalid_rate']:.1f}% |")
+        (tmp / "README.md").write_text(README.format(adapter=args.adapter, out=args.out, evals="\n".join(lines),
+                                                     max_tokens=max_tokens))
         old = args.out.with_name(f".{args.out.name}.old")
         if args.out.exists():
             shutil.rmtree(old, ignore_errors=True)

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> eval ->
-# plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Measured here: data 1 min, SFT 54 min,
-# GRPO 26 min, greedy 200-game evals 51 min (base, SFT-30min, SFT, SFT+GRPO): about 2.2 hours. Adding
-# the temperature-0.7 and seeded evals (EVALS="greedy sampled seeded") takes it to about 3.4 hours.
+# plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only) and
+# replies spell the guess in letters with no think block (config/data.json). Measured here (docs/RESULTS.md):
+# data 3.5 min, SFT ~30 min (180 steps), GRPO ~25 min (10 steps), 200-game evals ~6 min each: about 2 hours.
 #
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume), so a closed
 # lid or a reboot costs at most the steps since the last checkpoint. To start over:
 # rm -r logs/recipe-270m logs/sft-270m logs/grpo-270m
 #
-#   scripts/train_270m_cpu.sh              # everything (or: make train-270m)
-#   GAMES=50 scripts/train_270m_cpu.sh     # smaller evals
-#   EVALS="greedy sampled seeded" scripts/train_270m_cpu.sh   # the full eval matrix
+#   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
+#   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
+#   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded)
+#   STOP_AFTER=sft-more scripts/train_270m_cpu.sh   # stop after a stage (run again to go on)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
 R=logs/recipe-270m
 GAMES="${GAMES:-200}"
-EVALS="${EVALS:-greedy}"
+EVALS="${EVALS:-greedy sampled seeded}"
 SHIP=adapters/gemma-3-270m-wordle
 mkdir -p "$R"
 start=$(date +%s)
@@ -39,8 +40,9 @@ train_or_resume() {  # train_or_resume RUN_DIR COMMAND...: resume RUN_DIR when i
 }
 
 evaluate() {  # evaluate NAME ADAPTER|- [MAX_TOKENS]: the held-out settings in $EVALS for one player
-  local name=$1 adapter=$2 tokens=${3:-48} extra=()
-  [ "$adapter" != "-" ] && extra=(--adapter "$adapter" --no-baselines)
+  local name=$1 adapter=$2 tokens=${3:-16} extra=()
+  # the base model plays the adapters' prompts (an adapter brings its own: adapter_config.json)
+  if [ "$adapter" != "-" ]; then extra=(--adapter "$adapter" --no-baselines); else extra=(--config config/eval_compact.json); fi
   for kind in $EVALS; do
     case $kind in
       greedy)  stage "eval-$name-greedy"  $W eval "${extra[@]}" --games "$GAMES" --max-tokens "$tokens" --no-progress \
@@ -59,27 +61,37 @@ stage entropy $W entropy --top 5
 stage data    $W data --config config/data.json
 # SFT in two legs: the 30-minute run of config/sft_cpu_270m.json (180 steps; its adapter is kept as
 # sft30_adapters), then the same run resumed to $SFT_STEPS steps (the cosine schedule is re-spread).
-SFT_STEPS="${SFT_STEPS:-480}"
+# The default stops at the 30-minute leg (SFT_STEPS=180); SFT_STEPS=480 is the longer run.
+SFT_STEPS="${SFT_STEPS:-180}"
 stage sft       train_or_resume logs/sft-270m $W sft --config config/sft_cpu_270m.json
-stage sft30-keep bash -c "rm -rf $R/sft30_adapters && cp -r logs/sft-270m/adapters $R/sft30_adapters"
-stage sft-more  $W sft --resume logs/sft-270m --steps "$SFT_STEPS" --no-progress
+if [ "$SFT_STEPS" -gt 180 ]; then
+  stage sft30-keep bash -c "rm -rf $R/sft30_adapters && cp -r logs/sft-270m/adapters $R/sft30_adapters"
+  stage sft-more  $W sft --resume logs/sft-270m --steps "$SFT_STEPS" --no-progress
+fi
 stage grpo      train_or_resume logs/grpo-270m $W train --config config/grpo_cpu_270m.json
 
-# The base model never closes a <guess> tag (100% format errors), so 24 tokens per reply show the same.
-evaluate base  - 24
-EVALS=greedy evaluate sft30 "$R/sft30_adapters"
+# 16 tokens per reply: a letters reply is 11 ('<guess> c r a n e</guess>'); the base model never closes a tag.
+EVALS=greedy evaluate base -
 evaluate sft   logs/sft-270m/adapters
 evaluate grpo  logs/grpo-270m/adapters
+if [ "$SFT_STEPS" -gt 180 ]; then EVALS=greedy evaluate sft30 "$R/sft30_adapters"; fi
+# The same two adapters with the allowed-words constraint (an inference option, reported apart).
+stage eval-sft-constrained  $W eval --adapter logs/sft-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
+  --constrain --no-progress --out "$R/eval_sft_greedy_constrained.json"
+stage eval-grpo-constrained $W eval --adapter logs/grpo-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
+  --constrain --no-progress --out "$R/eval_grpo_greedy_constrained.json"
 
 stage plots bash -c "
   $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft &&
   $W plot --file logs/grpo-270m/metrics.jsonl --out $R/plots/grpo &&
-  $W plot --compare $R/eval_base_greedy.json $R/eval_sft30_greedy.json $R/eval_sft_greedy.json \
-      $R/eval_grpo_greedy.json --labels base sft-30min sft sft+grpo --with-baselines --out $R/plots/compare"
+  $W plot --compare $R/eval_base_greedy.json $R/eval_sft_greedy.json \
+      $R/eval_grpo_greedy.json --labels base sft sft+grpo --with-baselines --out $R/plots/compare"
 
+ship_evals=()
+for f in "$R"/eval_grpo_*.json; do ship_evals+=(--eval "$f"); done
 stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-270m/adapters --out "$SHIP" \
   --data-config config/data.json --sft-config config/sft_cpu_270m.json --grpo-config config/grpo_cpu_270m.json \
-  --eval "$R/eval_grpo_greedy.json"
+  "${ship_evals[@]}"
 
 echo
 echo "recipe finished; this invocation took $(( $(date +%s) - start ))s (stage times in seconds: $R/*.done)"

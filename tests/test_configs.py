@@ -7,17 +7,18 @@ from pathlib import Path
 
 from wordle_mlx.config import load_config, resolve_path
 from wordle_mlx.stages.data import DataConfig
+from wordle_mlx.stages.evaluate import EvalConfig
 from wordle_mlx.stages.grpo import GRPOConfig
 from wordle_mlx.stages.sft import SFTConfig
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
 MODELS = {"data": DataConfig, "demo_data": DataConfig, "sft": SFTConfig, "demo_sft": SFTConfig,
-          "grpo": GRPOConfig, "demo_grpo": GRPOConfig}
+          "grpo": GRPOConfig, "demo_grpo": GRPOConfig, "eval": EvalConfig}
 
 
 def model_for(path: Path):
     stem = path.stem
-    for prefix in ("demo_data", "demo_sft", "demo_grpo", "data", "sft", "grpo"):
+    for prefix in ("demo_data", "demo_sft", "demo_grpo", "data", "sft", "grpo", "eval"):
         if stem.startswith(prefix):
             return MODELS[prefix]
     raise AssertionError(f"no stage model known for {path.name}")
@@ -35,7 +36,7 @@ class ShippedConfigTest(unittest.TestCase):
     def test_pipeline_paths_chain(self):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
         pairs = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("demo_sft", "demo_grpo", "demo_data"),
-                 ("sft_lora_config", "grpo_lora_config", "data")]
+                 ("sft_lora_config", "grpo_lora_config", "data_4b")]
         for sft_name, grpo_name, data_name in pairs:
             with self.subTest(sft=sft_name):
                 sft = load_config(CONFIG / f"{sft_name}.json", SFTConfig)

@@ -231,7 +231,7 @@ class ScriptedPolicy:
         self.rng = random.Random(seed)
 
     def __call__(self, prompts, cfg):
-        text = self.choose(self.history, self.rng)
+        text = self.choose(self.history, self.rng, reply_format(cfg.prompt))
         ids = self.tok.encode(text, add_special_tokens=False)
         finish = "stop"
         if len(ids) >= self.max_tokens:
@@ -249,25 +249,30 @@ ALLOWED = frozenset(guess_list())
 FIRST_ALLOWED = guess_list()[0]
 
 
-def reply(word: str, think: str = "Keep the letters that fit.") -> str:
-    return f"<think>{think}</think>\n<guess>{word}</guess>"
+def reply_format(prompt):
+    """A well-formed reply in the form `prompt` asks for: a short think only if required, word or letters."""
+    def reply(word: str) -> str:
+        guess = " ".join(word) if prompt.guess_format == "letters" else word
+        think = "<think>Keep the letters that fit.</think>\n" if prompt.require_think else ""
+        return f"{think}<guess>{guess}</guess>"
+    return reply
 
 
-def consistent_candidate(history, rng):
+def consistent_candidate(history, rng, reply):
     return reply(rng.choice(candidates(answers(), history)))
 
 
 ADVERSARIES = {
-    "same word every turn": lambda h, r: reply("slate"),
-    "empty output": lambda h, r: "",
-    "junk tags": lambda h, r: r.choice(["<guess>", "<think></think><guess></guess>", "<guess>crane<guess>slate</guess>",
+    "same word every turn": lambda h, r, reply: reply("slate"),
+    "empty output": lambda h, r, reply: "",
+    "junk tags": lambda h, r, reply: r.choice(["<guess>", "<think></think><guess></guess>", "<guess>crane<guess>slate</guess>",
                                         "</think><guess>crane</guess><think>", "<guess>c r a n e</guess>",
                                         "<think>x</think><guess>crane</guess><guess>slate</guess>",
                                         "<think>" + "<guess>" * 20]),
-    "longest think (max tokens)": lambda h, r: "<think>" + "let me think about every letter " * 40,
-    "max-length think, then a guess": lambda h, r: "<think>" + "hmm " * 300 + "</think><guess>crane</guess>",
-    "first allowed word every turn": lambda h, r: reply(FIRST_ALLOWED),
-    "not a word": lambda h, r: reply("qzxvj"),
+    "longest think (max tokens)": lambda h, r, reply: "<think>" + "let me think about every letter " * 40,
+    "max-length think, then a guess": lambda h, r, reply: "<think>" + "hmm " * 300 + "</think><guess>crane</guess>",
+    "first allowed word every turn": lambda h, r, reply: reply(FIRST_ALLOWED),
+    "not a word": lambda h, r, reply: reply("qzxvj"),
 }
 
 

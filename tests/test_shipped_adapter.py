@@ -26,7 +26,8 @@ SHIPPED = ROOT / "adapters" / "gemma-3-270m-wordle"
 
 def shipped_eval() -> dict:
     evals = [json.loads(p.read_text()) for p in sorted(SHIPPED.glob("eval_*.json"))]
-    greedy = [e for e in evals if e["temperature"] == 0 and e["history"] == "none" and e["split"] == "test"]
+    greedy = [e for e in evals if e["temperature"] == 0 and e["history"] == "none" and e["split"] == "test"
+              and not e.get("constrain")]
     if not greedy:
         raise AssertionError(f"{SHIPPED}: no greedy empty-board test eval JSON shipped")
     return greedy[0]

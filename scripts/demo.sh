@@ -34,7 +34,7 @@ step "GRPO: full games every step, starting from the SFT adapter"
 $W train --config config/demo_grpo.json --overwrite --no-progress
 
 step "held-out eval of the GRPO adapter, with the solver and base model beside it"
-$W eval --adapter logs/demo-grpo/adapters --games 8 --max-tokens 48 --out "$OUT/eval.json"
+$W eval --adapter logs/demo-grpo/adapters --games 8 --max-tokens 16 --out "$OUT/eval.json"
 
 step "plots"
 $W plot --file logs/demo-sft/metrics.jsonl --out "$OUT/plots/sft"
@@ -42,7 +42,7 @@ $W plot --file logs/demo-grpo/metrics.jsonl --out "$OUT/plots/grpo"
 $W plot --compare "$OUT/eval.json" --labels demo-grpo --with-baselines --out "$OUT/plots/compare"
 
 step "the shipped adapter (adapters/gemma-3-270m-wordle, trained by make train-270m) plays one test word"
-$W play --adapter adapters/gemma-3-270m-wordle --secret trail --max-tokens 48
+$W play --adapter adapters/gemma-3-270m-wordle --secret trail --max-tokens 16
 
 echo
 echo "demo finished in $(( $(date +%s) - start ))s"

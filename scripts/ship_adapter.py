@@ -29,8 +29,8 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
     wordle-mlx play --adapter {out}
     wordle-mlx eval --adapter {out} --games 200 --max-tokens {max_tokens} --no-baselines
 
-- `recipe/`: the data, SFT and GRPO configs of the run (the recipe script runs the SFT config, then
-  resumes it to more steps; see the script).
+- `recipe/`: the data, SFT and GRPO configs of the run (the recipe runs the SFT config for its 180 steps;
+  `SFT_STEPS` can resume it further; see the script).
 - `data_seed.json`: the data config (its seed regenerates the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 

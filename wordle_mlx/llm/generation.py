@@ -14,8 +14,8 @@ prompt that occurs several times (G samples of one state) is prefilled once for 
 share that cache read-only too: mlx-lm copies caches when it merges them into a batch). Nothing is reused across calls or turns (each turn's prompt is a fresh chat-template rendering).
 Log-prob convention: see `policy_logprob_temperature`. Sampling at a temperature with no top-p/top-k/
 min-p filter uses `inverse_cdf_sampler` on CPU: the same categorical distribution as mlx-lm's sampler
-(a cumulative sum in float64 and one MLX-seeded uniform per row) at a third of its cost over Gemma's
-262k-token vocabulary, where MLX draws and transforms one uniform per vocabulary entry. Any callable
+(a cumulative sum in float64 and one MLX-seeded uniform per row), cheaper over Gemma's 262k-token
+vocabulary, where MLX draws noise for every entry (1.50x at 64 rows: `benchmarks/sampler.py`). Any callable
 with the `GenerateFn` signature can stand in for the model (tests use scripted ones).
 """
 

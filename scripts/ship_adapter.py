@@ -1,12 +1,13 @@
 """Package a trained LoRA adapter for the repository: adapter files, the configs that made it, its data seed
 and its eval JSON, in one folder (written to a temp folder, then renamed into place).
 
-    python3 scripts/ship_adapter.py --adapter logs/grpo-270m/adapters --out adapters/gemma-3-270m-wordle \
-        --data-config config/data.json --sft-config config/sft_cpu_270m.json \
-        --grpo-config config/grpo_cpu_270m.json --eval logs/recipe-270m/eval_grpo_greedy.json
+    python3 scripts/ship_adapter.py --adapter logs/grpo-focus-270m/adapters --out adapters/gemma-3-270m-wordle \
+        --data-config config/data.json --data-config config/data_focus.json \
+        --sft-config config/sft_cpu_270m.json --sft-config config/sft_focus_cpu_270m.json \
+        --grpo-config config/grpo_focus_cpu_270m.json --eval logs/recipe-270m/eval_grpo_greedy.json
 
-`data_seed.json` holds the data config (its seed regenerates the data exactly) and the secrets of every
-training and validation record, so a test can check that no test word was ever a secret.
+`data_seed.json` holds the data configs (their seeds regenerate the data exactly) and the secrets of every
+training and validation record of each, so a test can check that no test word was ever a secret.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
     wordle-mlx play --adapter {out}
     wordle-mlx eval --adapter {out} --games 200 --max-tokens {max_tokens} --no-baselines
 
-- `recipe/`: the data, SFT and GRPO configs of the run (the recipe runs the SFT config for its 180 steps;
-  `SFT_STEPS` can resume it further; see the script).
-- `data_seed.json`: the data config (its seed regenerates the training data) and every train/valid
+- `recipe/`: the data, SFT and GRPO configs of the run, numbered in the order the recipe runs them
+  (data 1 and SFT 1: the broad 30-minute SFT; data 2 and SFT 2: the focus SFT that starts from it).
+- `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 
 | eval JSON | split | history | temperature | constrained | wins | win rate (95% CI) | format-valid replies | invalid words |
@@ -55,8 +56,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--adapter", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--data-config", type=Path, required=True)
-    ap.add_argument("--sft-config", type=Path, required=True)
+    ap.add_argument("--data-config", type=Path, action="append", required=True, help="Repeatable, in order.")
+    ap.add_argument("--sft-config", type=Path, action="append", required=True, help="Repeatable, in order.")
     ap.add_argument("--grpo-config", type=Path)
     ap.add_argument("--eval", type=Path, action="append", default=[], help="Eval JSON files to ship (repeatable).")
     args = ap.parse_args()
@@ -67,8 +68,11 @@ def main() -> None:
     size = (args.adapter / "adapters.safetensors").stat().st_size
     if size > MAX_BYTES:
         sys.exit(f"error: {args.adapter}/adapters.safetensors: {size} bytes, over the 20 MB limit")
-    data_cfg = json.loads(args.data_config.read_text())
-    data_dir = (args.data_config.parent / data_cfg.get("out", "data/sft")).resolve()
+    data_cfgs = [json.loads(path.read_text()) for path in args.data_config]
+    secrets: dict[str, set[str]] = {"train": set(), "valid": set()}
+    for path, cfg in zip(args.data_config, data_cfgs):
+        for split, words in data_secrets((path.parent / cfg.get("out", "data/sft")).resolve()).items():
+            secrets[split].update(words)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
@@ -78,11 +82,13 @@ def main() -> None:
             shutil.copy2(args.adapter / name, tmp / name)
         recipe = tmp / "recipe"
         recipe.mkdir()
-        shutil.copy2(args.data_config, recipe / "data.json")
-        shutil.copy2(args.sft_config, recipe / "sft.json")
+        for i, path in enumerate(args.data_config, start=1):
+            shutil.copy2(path, recipe / (f"data_{i}.json" if len(args.data_config) > 1 else "data.json"))
+        for i, path in enumerate(args.sft_config, start=1):
+            shutil.copy2(path, recipe / (f"sft_{i}.json" if len(args.sft_config) > 1 else "sft.json"))
         if args.grpo_config:
             shutil.copy2(args.grpo_config, recipe / "grpo.json")
-        seed = {"data_config": data_cfg, "secrets": data_secrets(data_dir),
+        seed = {"data_configs": data_cfgs, "secrets": {k: sorted(v) for k, v in secrets.items()},
                 "note": "GRPO draws its secrets from the train split (wordle_mlx/game/splits.py) with its own seed."}
         (tmp / "data_seed.json").write_text(json.dumps(seed, indent=1) + "\n")
         lines, max_tokens = [], 16

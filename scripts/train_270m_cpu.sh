@@ -7,12 +7,12 @@
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume), so a closed
 # lid or a reboot costs at most the steps since the last checkpoint. To start over:
-# rm -r logs/recipe-270m logs/sft-270m logs/grpo-270m
+# rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/grpo-focus-270m
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
 #   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
 #   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded)
-#   STOP_AFTER=sft-more scripts/train_270m_cpu.sh   # stop after a stage (run again to go on)
+#   STOP_AFTER=sft-focus scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
@@ -59,38 +59,38 @@ stage setup   make setup
 stage model   $W model import builtin:gemma-3-270m
 stage entropy $W entropy --top 5
 stage data    $W data --config config/data.json
-# SFT in two legs: the 30-minute run of config/sft_cpu_270m.json (180 steps; its adapter is kept as
-# sft30_adapters), then the same run resumed to $SFT_STEPS steps (the cosine schedule is re-spread).
-# The default stops at the 30-minute leg (SFT_STEPS=180); SFT_STEPS=480 is the longer run.
-SFT_STEPS="${SFT_STEPS:-180}"
-stage sft       train_or_resume logs/sft-270m $W sft --config config/sft_cpu_270m.json
-if [ "$SFT_STEPS" -gt 180 ]; then
-  stage sft30-keep bash -c "rm -rf $R/sft30_adapters && cp -r logs/sft-270m/adapters $R/sft30_adapters"
-  stage sft-more  $W sft --resume logs/sft-270m --steps "$SFT_STEPS" --no-progress
-fi
-stage grpo      train_or_resume logs/grpo-270m $W train --config config/grpo_cpu_270m.json
+# SFT 1: 30 minutes on the broad data (boards seeded with 0-4 earlier guesses of several kinds).
+stage sft     train_or_resume logs/sft-270m $W sft --config config/sft_cpu_270m.json
+# SFT 2 (focus): starts from SFT 1's adapter, on data that adds every board of the teacher's games from the
+# empty board over the train secrets (3 copies each) to 1,500 broad examples.
+stage data-focus $W data --config config/data_focus.json
+stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/sft_focus_cpu_270m.json
+stage grpo       train_or_resume logs/grpo-focus-270m $W train --config config/grpo_focus_cpu_270m.json
 
 # 16 tokens per reply: a letters reply is 11 ('<guess> c r a n e</guess>'); the base model never closes a tag.
 EVALS=greedy evaluate base -
-evaluate sft   logs/sft-270m/adapters
-evaluate grpo  logs/grpo-270m/adapters
-if [ "$SFT_STEPS" -gt 180 ]; then EVALS=greedy evaluate sft30 "$R/sft30_adapters"; fi
+EVALS=greedy evaluate sft1 logs/sft-270m/adapters
+evaluate sft   logs/sft-focus-270m/adapters
+evaluate grpo  logs/grpo-focus-270m/adapters
 # The same two adapters with the allowed-words constraint (an inference option, reported apart).
-stage eval-sft-constrained  $W eval --adapter logs/sft-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
+stage eval-sft-constrained  $W eval --adapter logs/sft-focus-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
   --constrain --no-progress --out "$R/eval_sft_greedy_constrained.json"
-stage eval-grpo-constrained $W eval --adapter logs/grpo-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
+stage eval-grpo-constrained $W eval --adapter logs/grpo-focus-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
   --constrain --no-progress --out "$R/eval_grpo_greedy_constrained.json"
 
 stage plots bash -c "
-  $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft &&
-  $W plot --file logs/grpo-270m/metrics.jsonl --out $R/plots/grpo &&
-  $W plot --compare $R/eval_base_greedy.json $R/eval_sft_greedy.json \
-      $R/eval_grpo_greedy.json --labels base sft sft+grpo --with-baselines --out $R/plots/compare"
+  $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft1 &&
+  $W plot --file logs/sft-focus-270m/metrics.jsonl --out $R/plots/sft &&
+  $W plot --file logs/grpo-focus-270m/metrics.jsonl --out $R/plots/grpo &&
+  $W plot --compare $R/eval_base_greedy.json $R/eval_sft1_greedy.json $R/eval_sft_greedy.json \
+      $R/eval_grpo_greedy.json --labels base sft-1 sft sft+grpo --with-baselines --out $R/plots/compare"
 
 ship_evals=()
 for f in "$R"/eval_grpo_*.json; do ship_evals+=(--eval "$f"); done
-stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-270m/adapters --out "$SHIP" \
-  --data-config config/data.json --sft-config config/sft_cpu_270m.json --grpo-config config/grpo_cpu_270m.json \
+stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-focus-270m/adapters --out "$SHIP" \
+  --data-config config/data.json --data-config config/data_focus.json \
+  --sft-config config/sft_cpu_270m.json --sft-config config/sft_focus_cpu_270m.json \
+  --grpo-config config/grpo_focus_cpu_270m.json \
   "${ship_evals[@]}"
 
 echo

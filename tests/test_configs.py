@@ -35,7 +35,8 @@ class ShippedConfigTest(unittest.TestCase):
 
     def test_pipeline_paths_chain(self):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
-        pairs = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("demo_sft", "demo_grpo", "demo_data"),
+        pairs = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("sft_focus_cpu_270m", "grpo_focus_cpu_270m", "data_focus"),
+                 ("demo_sft", "demo_grpo", "demo_data"),
                  ("sft_lora_config", "grpo_lora_config", "data_4b")]
         for sft_name, grpo_name, data_name in pairs:
             with self.subTest(sft=sft_name):
@@ -45,6 +46,11 @@ class ShippedConfigTest(unittest.TestCase):
                 self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
                 sft_adapters = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
                 self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), sft_adapters)
+        # the focus SFT starts from the adapter the first SFT writes
+        first = load_config(CONFIG / "sft_cpu_270m.json", SFTConfig)
+        focus = load_config(CONFIG / "sft_focus_cpu_270m.json", SFTConfig)
+        self.assertEqual(resolve_path(focus, focus.init_adapter).resolve(),
+                         resolve_path(first, first.logs_dir).resolve() / first.run_name / "adapters")
 
 
 if __name__ == "__main__":

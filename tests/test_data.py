@@ -422,6 +422,36 @@ class MaxCopiesTest(unittest.TestCase):
                 data.run(load_config(cfg, data.DataConfig))
 
 
+class EmptyBoardCopiesTest(unittest.TestCase):
+    def test_every_empty_board_teacher_example_exactly_n_times(self):
+        table = load_table(show_progress=False)
+        solver = Solver(table)
+        words = split_answers(answers())["train"][:25]
+        cfg = data.DataConfig(think_style="none", candidate_threshold=100000, empty_board_copies=3,
+                              retry_fraction=0.5, prompt={"require_think": False, "style": "compact",
+                                                          "guess_format": "letters"})
+        records = data.empty_board_examples(words, cfg, random.Random(0), solver, None)
+        counts = Counter(json.dumps(r["messages"]) for r in records)
+        self.assertEqual(set(counts.values()), {3})
+        # the boards are exactly those of the teacher's games, each game played to the end, no retries
+        boards = set()
+        for secret in words:
+            history = []
+            while not history or history[-1][0] != secret:
+                guess = data.teacher_guess(solver, solver.candidate_columns(history), 100000)
+                boards.add((tuple(history), guess))
+                history.append((guess, feedback(guess, secret)))
+        got = {(tuple((g, feedback(g, r["meta"]["secret"])) for g in r["meta"]["history"]), r["meta"]["target"])
+               for r in records}
+        self.assertLessEqual(got, boards)             # boards with the same clues and reply are one example
+        self.assertGreaterEqual(len(got), 0.9 * len(boards))
+        self.assertFalse(any("retry_error" in r["meta"] for r in records))
+        splits = {k: set(v) for k, v in split_answers(answers()).items()}
+        allowed = set(table.guesses)
+        for r in records:
+            self.assertIsNone(data.replay_problem(r, cfg, allowed, "train", splits))
+
+
 class BadInputTest(unittest.TestCase):
     def test_unknown_field(self):
         with self.assertRaisesRegex(UserError, "think_styl: unknown field"):

@@ -168,6 +168,24 @@ class SFTTest(unittest.TestCase):
         runs = [r for _, r in read_jsonl(cut_dir / "metrics.jsonl") if r["kind"] == "run"]
         self.assertEqual([r["resumed_from_step"] for r in runs], [None, 3])
 
+    def test_init_adapter_starts_from_its_weights(self):
+        first = sft.run(self.config("init_src", steps=3, lora={"rank": 4, "dropout": 0.0}))
+        src = mx.load(str(Path(first["adapters"]) / "adapters.safetensors"))
+        # a learning rate of ~0 keeps the weights where the init adapter put them
+        second = sft.run(self.config("init_dst", steps=1, learning_rate=1e-12, lora={"rank": 4, "dropout": 0.0},
+                                     init_adapter=first["adapters"]))
+        dst = mx.load(str(Path(second["adapters"]) / "adapters.safetensors"))
+        self.assertEqual(set(src), set(dst))
+        self.assertTrue(any(mx.abs(v).max().item() > 1e-3 for k, v in src.items() if "lora_b" in k))
+        for k in src:
+            self.assertLess(mx.abs(src[k] - dst[k]).max().item(), 1e-6, k)
+        saved = json.loads((Path(second["run_dir"]) / "config.json").read_text())
+        self.assertEqual(saved["init_adapter"], str(Path(first["adapters"]).resolve()))
+        with self.assertRaisesRegex(UserError, r"init_adapter .*lora\.rank"):
+            sft.run(self.config("init_bad", steps=1, lora={"rank": 8}, init_adapter=first["adapters"]))
+        with self.assertRaisesRegex(UserError, "init_adapter .*no adapters.safetensors"):
+            sft.run(self.config("init_none", steps=1, init_adapter=str(self.root / "nowhere")))
+
     def test_bad_inputs(self):
         with self.assertRaisesRegex(UserError, "train.jsonl: file not found"):
             sft.run(self.config("nodata", data=str(self.root / "nowhere")))

@@ -72,6 +72,25 @@ def apply_lora(model, num_layers: int, params: dict) -> int:
     return count
 
 
+def load_adapter_weights(model, folder: str | Path) -> None:
+    """Set the LoRA weights of `model` (after `apply_lora`) from `folder`/adapters.safetensors; every tensor
+    in the file must match a LoRA parameter of the same shape, else a UserError names the first mismatch."""
+    path = Path(folder) / "adapters.safetensors"
+    if not path.is_file():
+        raise UserError(f"init_adapter {folder}: no adapters.safetensors there")
+    weights = mx.load(str(path))
+    ours = adapter_weights(model)
+    for name, value in weights.items():
+        if name not in ours or ours[name].shape != value.shape:
+            got = tuple(ours[name].shape) if name in ours else "no such LoRA parameter"
+            raise UserError(f"init_adapter {path}: {name} {tuple(value.shape)} does not fit this LoRA ({got}); "
+                            "lora.rank and lora.num_layers must match the adapter's")
+    if set(ours) - set(weights):
+        raise UserError(f"init_adapter {path}: missing {sorted(set(ours) - set(weights))[0]} "
+                        "(lora.num_layers or lora.keys differ from the adapter's)")
+    model.load_weights(list(weights.items()), strict=False)
+
+
 def adapter_weights(model) -> dict[str, mx.array]:
     return dict(tree_flatten(model.trainable_parameters()))
 

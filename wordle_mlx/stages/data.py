@@ -81,6 +81,9 @@ class DataConfig(StrictModel):
     max_copies: int | None = Field(None, ge=1, description="Keep at most this many copies of one (prompt, "
                                    "target) example; None keeps all. Teacher games from the empty board repeat "
                                    "the same early boards for every secret (the opener board every time).")
+    empty_board_copies: int = Field(0, ge=0, description="SFT: also add every distinct example of the teacher's "
+                                    "games from the empty board over the split's secrets (the boards a greedy player "
+                                    "meets), each this many times, on top of the seeded examples.")
     history: HistoryConfig = HistoryConfig()
     prompt: PromptConfig = PromptConfig()
     answers_list: str = "answers"
@@ -176,9 +179,10 @@ def secret_stream(words: list[str], rng: random.Random):
 
 
 def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver, policy: HistoryPolicy,
-                 preferred: frozenset[str] | None = None) -> list[dict]:
-    """One seeded start for `secret`, then up to `turns_per_game` teacher turns, one example each."""
-    seeded, mode = seed_history(secret, rng, solver, policy)
+                 preferred: frozenset[str] | None = None, empty_board: bool = False) -> list[dict]:
+    """One seeded start for `secret` (or the empty board), then up to `turns_per_game` teacher turns, one
+    example each."""
+    seeded, mode = ([], "empty") if empty_board else seed_history(secret, rng, solver, policy)
     guesses = list(seeded)
     turns: list[TurnText] = []
     out = []
@@ -274,7 +278,23 @@ def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict
                                 f"asked for (got {len(records)}); lower {split}_examples or raise max_copies")
             records.extend(new)
             advance(len(new))
+    if cfg.mode == "sft" and cfg.empty_board_copies:
+        records.extend(empty_board_examples(words, cfg, rng, solver, preferred))
+        rng.shuffle(records)
     return records
+
+
+def empty_board_examples(words: list[str], cfg: DataConfig, rng: random.Random, solver: Solver,
+                         preferred: frozenset[str] | None) -> list[dict]:
+    """The teacher's games from the empty board for all of `words`, each distinct example (board and
+    reply) `empty_board_copies` times: the opener board, which every game shares, as often as a late board
+    that one secret reaches. Its meta names the first secret that reached it."""
+    whole_games = cfg.model_copy(update={"retry_fraction": 0.0, "turns_per_game": MAX_GUESSES})
+    distinct: dict[str, dict] = {}
+    for secret in words:
+        for record in sft_examples(secret, whole_games, rng, solver, cfg.history.policy(), preferred, True):
+            distinct.setdefault(json.dumps(record["messages"]), record)
+    return [record for record in distinct.values() for _ in range(cfg.empty_board_copies)]
 
 
 def target_token_counts(records: list[dict], cfg: DataConfig) -> tuple[list[int], str]:
@@ -356,7 +376,7 @@ def run(cfg: DataConfig) -> dict:
         stats["one_token_words"] = len(preferred)
     write_json_atomic(out / ("rl_stats.json" if cfg.mode == "rl" else "stats.json"), stats)
     if cfg.progress:
-        console.print(f"wrote {sizes['train']} train + {sizes['valid']} valid {cfg.mode} records to {out}")
+        console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid {cfg.mode} records to {out}")
     return {"out": str(out), **stats}
 
 

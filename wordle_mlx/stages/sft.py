@@ -59,6 +59,9 @@ class SFTConfig(StrictModel):
     run_name: str | None = None
     seed: int = Field(0, ge=0, lt=2 ** 32)
     lora: LoraConfig = LoraConfig()
+    init_adapter: str | None = Field(None, description="Start from this adapter folder's LoRA weights (an earlier "
+                                     "run's adapters/, like mlx-lm's --resume-adapter-file); its rank and layers "
+                                     "must match `lora`. Optimizer and schedule start fresh.")
     steps: int = Field(200, ge=1)
     batch_size: int = Field(4, ge=1)
     grad_accumulation: int = Field(1, ge=1)
@@ -205,6 +208,9 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     lora_params = lora.lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)
     trainable = lora.apply_lora(model, cfg.lora.num_layers, lora_params)
     adapter_cfg = lora.adapter_config(cfg.lora.num_layers, lora_params, cfg.model, prompt_cfg.model_dump())
+    init_adapter = resolve_path(cfg, cfg.init_adapter).resolve() if cfg.init_adapter else None
+    if init_adapter is not None and resume is None:    # a resumed run takes its weights from the checkpoint
+        lora.load_adapter_weights(model, init_adapter)
     if cfg.grad_checkpoint:
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])
@@ -234,7 +240,7 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
         check_world_size(state, world, f"--resume {resume}")
         step, position = int(state["step"]), int(state["data_position"])
     world.broadcast_training_state(model, optimizer if resume is not None else None)
-    saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name})
+    saved = cfg.model_copy(update={"data": str(data_dir), "init_adapter": init_adapter and str(init_adapter),"logs_dir": str(run_dir.parent), "run_name": run_dir.name})
     if resume is None and main:
         write_json_atomic(run_dir / "config.json", saved.model_dump(mode="json"))
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> eval ->
 # plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only) and
-# replies spell the guess in letters with no think block (config/data.json). Measured here (docs/RESULTS.md):
-# data 3.5 min, SFT ~30 min (180 steps), GRPO ~25 min (10 steps), 200-game evals ~6 min each: about 2 hours.
+# replies spell the guess in letters with no think block (config/data.json). Measured here (docs/RESULTS.md,
+# session 6): data 3.4 + 3.3 min, SFT 1 29 min (180 steps), SFT 2 (focus) 52 min (270 steps), GRPO 20 min
+# (10 steps), eleven 200-game evals 3.4-8 min each: about 3 hours.
 #
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume), so a closed
@@ -11,14 +12,14 @@
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
 #   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
-#   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded)
+#   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded constrained)
 #   STOP_AFTER=sft-focus scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
 R=logs/recipe-270m
 GAMES="${GAMES:-200}"
-EVALS="${EVALS:-greedy sampled seeded}"
+EVALS="${EVALS:-greedy sampled seeded constrained}"
 SHIP=adapters/gemma-3-270m-wordle
 mkdir -p "$R"
 start=$(date +%s)
@@ -39,20 +40,20 @@ train_or_resume() {  # train_or_resume RUN_DIR COMMAND...: resume RUN_DIR when i
   else "$@" --overwrite --no-progress; fi
 }
 
-evaluate() {  # evaluate NAME ADAPTER|- [MAX_TOKENS]: the held-out settings in $EVALS for one player
-  local name=$1 adapter=$2 tokens=${3:-16} extra=()
+evaluate() {  # evaluate NAME ADAPTER|- KIND: one held-out setting for one player
+  local name=$1 adapter=$2 kind=$3 extra=()
   # the base model plays the adapters' prompts (an adapter brings its own: adapter_config.json)
   if [ "$adapter" != "-" ]; then extra=(--adapter "$adapter" --no-baselines); else extra=(--config config/eval_compact.json); fi
-  for kind in $EVALS; do
-    case $kind in
-      greedy)  stage "eval-$name-greedy"  $W eval "${extra[@]}" --games "$GAMES" --max-tokens "$tokens" --no-progress \
-                 --out "$R/eval_${name}_greedy.json" ;;
-      sampled) stage "eval-$name-sampled" $W eval "${extra[@]}" --games "$GAMES" --max-tokens "$tokens" --no-progress \
-                 --temperature 0.7 --seed 0 --out "$R/eval_${name}_t07.json" ;;
-      seeded)  stage "eval-$name-seeded"  $W eval "${extra[@]}" --games "$GAMES" --max-tokens "$tokens" --no-progress \
-                 --history seeded --out "$R/eval_${name}_seeded.json" ;;
-    esac
-  done
+  # 16 tokens per reply: a letters reply is 11 ('<guess> c r a n e</guess>'); the base model never closes a tag.
+  extra+=(--games "$GAMES" --max-tokens 16 --no-progress)
+  case $kind in
+    greedy)      stage "eval-$name-greedy"      $W eval "${extra[@]}" --out "$R/eval_${name}_greedy.json" ;;
+    sampled)     stage "eval-$name-sampled"     $W eval "${extra[@]}" --temperature 0.7 --seed 0 --out "$R/eval_${name}_t07.json" ;;
+    seeded)      stage "eval-$name-seeded"      $W eval "${extra[@]}" --history seeded --out "$R/eval_${name}_seeded.json" ;;
+    # decoding limited to allowed words: an inference option, reported apart
+    constrained) stage "eval-$name-constrained" $W eval "${extra[@]}" --constrain --out "$R/eval_${name}_greedy_constrained.json" ;;
+    *) echo "unknown eval kind '$kind' in EVALS (greedy sampled seeded constrained)" >&2; exit 2 ;;
+  esac
 }
 
 stage setup   make setup
@@ -67,16 +68,12 @@ stage data-focus $W data --config config/data_focus.json
 stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/sft_focus_cpu_270m.json
 stage grpo       train_or_resume logs/grpo-focus-270m $W train --config config/grpo_focus_cpu_270m.json
 
-# 16 tokens per reply: a letters reply is 11 ('<guess> c r a n e</guess>'); the base model never closes a tag.
-EVALS=greedy evaluate base -
-EVALS=greedy evaluate sft1 logs/sft-270m/adapters
-evaluate sft   logs/sft-focus-270m/adapters
-evaluate grpo  logs/grpo-focus-270m/adapters
-# The same two adapters with the allowed-words constraint (an inference option, reported apart).
-stage eval-sft-constrained  $W eval --adapter logs/sft-focus-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
-  --constrain --no-progress --out "$R/eval_sft_greedy_constrained.json"
-stage eval-grpo-constrained $W eval --adapter logs/grpo-focus-270m/adapters --no-baselines --games "$GAMES" --max-tokens 16 \
-  --constrain --no-progress --out "$R/eval_grpo_greedy_constrained.json"
+evaluate base - greedy
+evaluate sft1 logs/sft-270m/adapters greedy
+for kind in $EVALS; do       # every player's greedy eval first, then the next setting
+  evaluate sft  logs/sft-focus-270m/adapters "$kind"
+  evaluate grpo logs/grpo-focus-270m/adapters "$kind"
+done
 
 stage plots bash -c "
   $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft1 &&

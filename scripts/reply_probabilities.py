@@ -66,9 +66,9 @@ def main() -> None:
         if prompt.guess_format != "letters":
             sys.exit("error: --second-boards needs an adapter trained on letters replies (guess_format letters)")
         opener = teacher_guess(solver, solver.candidate_columns([]), 100000)
-        boards = {feedback(opener, s): s for s in split_answers(solver.table.answers)[args.second_boards]}
+        boards = {feedback(opener, s) for s in split_answers(solver.table.answers)[args.second_boards]}
         hits, probs = [0] * 5, [0.0] * 5
-        for pattern, secret in sorted(boards.items()):
+        for pattern in sorted(boards):
             _, tokens, offset, logp = reply_logprobs([(opener, pattern)])
             top = mx.argmax(logp, axis=-1)
             letters = [i for i in range(offset, len(tokens)) if len(tokenizer.decode([tokens[i]]).strip()) == 1

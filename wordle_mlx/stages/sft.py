@@ -240,7 +240,8 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
         check_world_size(state, world, f"--resume {resume}")
         step, position = int(state["step"]), int(state["data_position"])
     world.broadcast_training_state(model, optimizer if resume is not None else None)
-    saved = cfg.model_copy(update={"data": str(data_dir), "init_adapter": init_adapter and str(init_adapter),"logs_dir": str(run_dir.parent), "run_name": run_dir.name})
+    saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name,
+                                   "init_adapter": str(init_adapter) if init_adapter else None})
     if resume is None and main:
         write_json_atomic(run_dir / "config.json", saved.model_dump(mode="json"))
 

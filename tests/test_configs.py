@@ -46,11 +46,15 @@ class ShippedConfigTest(unittest.TestCase):
                 self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
                 sft_adapters = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
                 self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), sft_adapters)
-        # the focus SFT starts from the adapter the first SFT writes
-        first = load_config(CONFIG / "sft_cpu_270m.json", SFTConfig)
-        focus = load_config(CONFIG / "sft_focus_cpu_270m.json", SFTConfig)
-        self.assertEqual(resolve_path(focus, focus.init_adapter).resolve(),
-                         resolve_path(first, first.logs_dir).resolve() / first.run_name / "adapters")
+        fit, fit_data = load_config(CONFIG / "sft_fit_cpu_270m.json", SFTConfig), load_config(CONFIG / "data_fit.json", DataConfig)
+        self.assertEqual(resolve_path(fit, fit.data).resolve(), resolve_path(fit_data, fit_data.out).resolve())
+        # each later SFT stage starts from the adapter the one before it writes: SFT 1 -> focus -> fit
+        stages = [load_config(CONFIG / f"{name}.json", SFTConfig)
+                  for name in ("sft_cpu_270m", "sft_focus_cpu_270m", "sft_fit_cpu_270m")]
+        for earlier, later in zip(stages, stages[1:]):
+            with self.subTest(sft=later.run_name):
+                self.assertEqual(resolve_path(later, later.init_adapter).resolve(),
+                                 resolve_path(earlier, earlier.logs_dir).resolve() / earlier.run_name / "adapters")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Package a trained LoRA adapter for the repository: adapter files, the configs that made it, its data seed
 and its eval JSON, in one folder (written to a temp folder, then renamed into place).
 
-    python3 scripts/ship_adapter.py --adapter logs/grpo-focus-270m/adapters --out adapters/gemma-3-270m-wordle \
-        --data-config config/data.json --data-config config/data_focus.json \
+    python3 scripts/ship_adapter.py --adapter logs/grpo-fit-270m/adapters --out adapters/gemma-3-270m-wordle \
+        --data-config config/data.json --data-config config/data_focus.json --data-config config/data_fit.json \
         --sft-config config/sft_cpu_270m.json --sft-config config/sft_focus_cpu_270m.json \
-        --grpo-config config/grpo_focus_cpu_270m.json --eval logs/recipe-270m/eval_grpo_greedy.json
+        --sft-config config/sft_fit_cpu_270m.json --grpo-config config/grpo_fit_cpu_270m.json \
+        --eval logs/recipe-270m/eval_grpo_greedy.json
 
 `data_seed.json` holds the data configs (their seeds regenerate the data exactly) and the secrets of every
 training and validation record of each, so a test can check that no test word was ever a secret.
@@ -31,7 +32,8 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
     wordle-mlx eval --adapter {out} --games 200 --max-tokens {max_tokens} --no-baselines
 
 - `recipe/`: the data, SFT and GRPO configs of the run, numbered in the order the recipe runs them
-  (data 1 and SFT 1: the broad 30-minute SFT; data 2 and SFT 2: the focus SFT that starts from it).
+  (data 1 and SFT 1: the broad 30-minute SFT; data 2 and SFT 2: the focus SFT that starts from it;
+  data 3 and SFT 3: the fit SFT on the teacher's boards weighted by traffic, which GRPO starts from).
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 

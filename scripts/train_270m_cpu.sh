@@ -2,13 +2,15 @@
 # The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> eval ->
 # plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only) and
 # replies spell the guess in letters with no think block (config/data.json). Measured here (docs/RESULTS.md,
-# session 6): data 3.4 + 3.3 min, SFT 1 29 min (180 steps), SFT 2 (focus) 52 min (270 steps), GRPO 20 min
-# (10 steps), eleven 200-game evals 3.4-8 min each: about 3 hours.
+# sessions 6 and 8): data 3.4 + 3.3 + 2.6 min, SFT 1 29 min (180 steps), SFT 2 (focus) 52 min (270 steps),
+# SFT 3 (fit) 49 min (260 steps), GRPO 17 min (12 steps), then 200-game evals of 3.5-9 min each: about
+# 2 h 40 min of training, plus 30 min for the five greedy evals (EVALS=greedy: about 3 h 10 min) or
+# about 75 min for all eleven (about 3 h 55 min).
 #
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume), so a closed
 # lid or a reboot costs at most the steps since the last checkpoint. To start over:
-# rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/grpo-focus-270m
+# rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m logs/grpo-fit-270m
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
 #   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
@@ -66,28 +68,35 @@ stage sft     train_or_resume logs/sft-270m $W sft --config config/sft_cpu_270m.
 # empty board over the train secrets (3 copies each) to 1,500 broad examples.
 stage data-focus $W data --config config/data_focus.json
 stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/sft_focus_cpu_270m.json
-stage grpo       train_or_resume logs/grpo-focus-270m $W train --config config/grpo_focus_cpu_270m.json
+# SFT 3 (fit): starts from SFT 2's adapter at lr 3e-5 (1e-4 is past the edge of stability: docs/RESULTS.md,
+# session 7), on the teacher's boards only, each as often as the train games pass through it, capped at 16.
+stage data-fit   $W data --config config/data_fit.json
+stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/sft_fit_cpu_270m.json
+stage grpo       train_or_resume logs/grpo-fit-270m $W train --config config/grpo_fit_cpu_270m.json
 
 evaluate base - greedy
 evaluate sft1 logs/sft-270m/adapters greedy
+evaluate sft2 logs/sft-focus-270m/adapters greedy
 for kind in $EVALS; do       # every player's greedy eval first, then the next setting
-  evaluate sft  logs/sft-focus-270m/adapters "$kind"
-  evaluate grpo logs/grpo-focus-270m/adapters "$kind"
+  evaluate sft  logs/sft-fit-270m/adapters "$kind"
+  evaluate grpo logs/grpo-fit-270m/adapters "$kind"
 done
 
 stage plots bash -c "
   $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft1 &&
-  $W plot --file logs/sft-focus-270m/metrics.jsonl --out $R/plots/sft &&
-  $W plot --file logs/grpo-focus-270m/metrics.jsonl --out $R/plots/grpo &&
-  $W plot --compare $R/eval_base_greedy.json $R/eval_sft1_greedy.json $R/eval_sft_greedy.json \
-      $R/eval_grpo_greedy.json --labels base sft-1 sft sft+grpo --with-baselines --out $R/plots/compare"
+  $W plot --file logs/sft-focus-270m/metrics.jsonl --out $R/plots/sft2 &&
+  $W plot --file logs/sft-fit-270m/metrics.jsonl --out $R/plots/sft &&
+  $W plot --file logs/grpo-fit-270m/metrics.jsonl --out $R/plots/grpo &&
+  $W plot --compare $R/eval_base_greedy.json $R/eval_sft1_greedy.json $R/eval_sft2_greedy.json \
+      $R/eval_sft_greedy.json $R/eval_grpo_greedy.json --labels base sft-1 sft-2 sft sft+grpo --with-baselines \
+      --out $R/plots/compare"
 
 ship_evals=()
 for f in "$R"/eval_grpo_*.json; do ship_evals+=(--eval "$f"); done
-stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-focus-270m/adapters --out "$SHIP" \
-  --data-config config/data.json --data-config config/data_focus.json \
+stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-fit-270m/adapters --out "$SHIP" \
+  --data-config config/data.json --data-config config/data_focus.json --data-config config/data_fit.json \
   --sft-config config/sft_cpu_270m.json --sft-config config/sft_focus_cpu_270m.json \
-  --grpo-config config/grpo_focus_cpu_270m.json \
+  --sft-config config/sft_fit_cpu_270m.json --grpo-config config/grpo_fit_cpu_270m.json \
   "${ship_evals[@]}"
 
 echo

@@ -36,7 +36,7 @@ class ShippedConfigTest(unittest.TestCase):
     def test_pipeline_paths_chain(self):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
         chains = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("sft_focus_cpu_270m", "grpo_focus_cpu_270m", "data_focus"),
-                  ("sft_fit_cpu_270m", None, "data_fit"),     # the session-7 experiment: no GRPO config
+                  ("sft_fit_cpu_270m", "grpo_fit_cpu_270m", "data_fit"),
                   ("demo_sft", "demo_grpo", "demo_data"),
                   ("sft_lora_config", "grpo_lora_config", "data_4b")]
         for sft_name, grpo_name, data_name in chains:

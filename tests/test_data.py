@@ -451,6 +451,29 @@ class EmptyBoardCopiesTest(unittest.TestCase):
         for r in records:
             self.assertIsNone(data.replay_problem(r, cfg, allowed, "train", splits))
 
+    def test_traffic_cap_weights_boards_by_games_through_them(self):
+        solver = Solver(load_table(show_progress=False))
+        words = split_answers(answers())["train"][:40]
+        cfg = data.DataConfig(think_style="none", candidate_threshold=100000, empty_board_copies=2,
+                              empty_board_traffic_cap=3, prompt={"require_think": False, "style": "compact",
+                                                                 "guess_format": "letters"})
+        counts = Counter(json.dumps(r["messages"]) for r in
+                         data.empty_board_examples(words, cfg, random.Random(0), solver, None))
+        # traffic counted independently: how many of the 40 games pass through each (board, teacher reply)
+        traffic = Counter()
+        for secret in words:
+            history = []
+            while not history or history[-1][0] != secret:
+                guess = data.teacher_guess(solver, solver.candidate_columns(history), 100000)
+                traffic[(tuple(history), guess)] += 1
+                history.append((guess, feedback(guess, secret)))
+        opener = [k for k in traffic if k[0] == ()]
+        self.assertEqual(len(opener), 1)
+        self.assertEqual(traffic[opener[0]], 40)
+        self.assertEqual(max(counts.values()), 2 * 3)          # the opener board: 40 games, capped at 3
+        self.assertEqual(sorted(Counter(2 * min(t, 3) for t in traffic.values()).elements()),
+                         sorted(counts.values()))
+
 
 class BadInputTest(unittest.TestCase):
     def test_unknown_field(self):

@@ -84,6 +84,10 @@ class DataConfig(StrictModel):
     empty_board_copies: int = Field(0, ge=0, description="SFT: also add every distinct example of the teacher's "
                                     "games from the empty board over the split's secrets (the boards a greedy player "
                                     "meets), each this many times, on top of the seeded examples.")
+    empty_board_traffic_cap: int | None = Field(None, ge=1, description="SFT: weight each of those examples by "
+                                                "its traffic, the number of the split's secrets whose game passes "
+                                                "through it, capped here: empty_board_copies x min(traffic, cap) "
+                                                "copies. None: every board empty_board_copies times.")
     history: HistoryConfig = HistoryConfig()
     prompt: PromptConfig = PromptConfig()
     answers_list: str = "answers"
@@ -288,13 +292,20 @@ def empty_board_examples(words: list[str], cfg: DataConfig, rng: random.Random, 
                          preferred: frozenset[str] | None) -> list[dict]:
     """The teacher's games from the empty board for all of `words`, each distinct example (board and
     reply) `empty_board_copies` times: the opener board, which every game shares, as often as a late board
-    that one secret reaches. Its meta names the first secret that reached it."""
+    that one secret reaches. With `empty_board_traffic_cap`, each appears empty_board_copies x min(traffic, cap)
+    times instead, traffic being how many secrets' games pass through it: the boards that gate many games (the second
+    boards) weigh more than a late board one secret reaches. Its meta names the first secret that reached it."""
     whole_games = cfg.model_copy(update={"retry_fraction": 0.0, "turns_per_game": MAX_GUESSES})
     distinct: dict[str, dict] = {}
+    traffic: Counter = Counter()
     for secret in words:
         for record in sft_examples(secret, whole_games, rng, solver, cfg.history.policy(), preferred, True):
-            distinct.setdefault(json.dumps(record["messages"]), record)
-    return [record for record in distinct.values() for _ in range(cfg.empty_board_copies)]
+            key = json.dumps(record["messages"])
+            distinct.setdefault(key, record)
+            traffic[key] += 1
+    cap = cfg.empty_board_traffic_cap
+    return [record for key, record in distinct.items()
+            for _ in range(cfg.empty_board_copies * (1 if cap is None else min(traffic[key], cap)))]
 
 
 def target_token_counts(records: list[dict], cfg: DataConfig) -> tuple[list[int], str]:

@@ -292,9 +292,10 @@ def empty_board_examples(words: list[str], cfg: DataConfig, rng: random.Random, 
                          preferred: frozenset[str] | None) -> list[dict]:
     """The teacher's games from the empty board for all of `words`, each distinct example (board and
     reply) `empty_board_copies` times: the opener board, which every game shares, as often as a late board
-    that one secret reaches. With `empty_board_traffic_cap`, each appears empty_board_copies x min(traffic, cap)
-    times instead, traffic being how many secrets' games pass through it: the boards that gate many games (the second
-    boards) weigh more than a late board one secret reaches. Its meta names the first secret that reached it."""
+    that one secret reaches. With `empty_board_traffic_cap`, each appears empty_board_copies x
+    min(traffic, cap) times instead, traffic being how many secrets' games pass through it: the boards
+    that gate many games (the second boards) weigh more than a late board one secret reaches. Its meta
+    names the first secret that reached it."""
     whole_games = cfg.model_copy(update={"retry_fraction": 0.0, "turns_per_game": MAX_GUESSES})
     distinct: dict[str, dict] = {}
     traffic: Counter = Counter()

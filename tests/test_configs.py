@@ -44,10 +44,9 @@ class ShippedConfigTest(unittest.TestCase):
                 sft = load_config(CONFIG / f"{sft_name}.json", SFTConfig)
                 data = load_config(CONFIG / f"{data_name}.json", DataConfig)
                 self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
-                if grpo_name is not None:
-                    grpo = load_config(CONFIG / f"{grpo_name}.json", GRPOConfig)
-                    sft_adapters = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
-                    self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), sft_adapters)
+                grpo = load_config(CONFIG / f"{grpo_name}.json", GRPOConfig)
+                sft_adapters = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
+                self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), sft_adapters)
         # each later SFT stage starts from the adapter the one before it writes: SFT 1 -> focus -> fit
         stages = [load_config(CONFIG / f"{name}.json", SFTConfig)
                   for name in ("sft_cpu_270m", "sft_focus_cpu_270m", "sft_fit_cpu_270m")]

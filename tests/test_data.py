@@ -422,6 +422,19 @@ class MaxCopiesTest(unittest.TestCase):
                 data.run(load_config(cfg, data.DataConfig))
 
 
+def teacher_board_traffic(solver: Solver, words: list[str]) -> Counter:
+    """How many of `words`' teacher games from the empty board pass through each (board, teacher reply),
+    each game followed here with its own loop (an oracle independent of data.sft_examples)."""
+    traffic = Counter()
+    for secret in words:
+        history = []
+        while not history or history[-1][0] != secret:
+            guess = data.teacher_guess(solver, solver.candidate_columns(history), 100000)
+            traffic[(tuple(history), guess)] += 1
+            history.append((guess, feedback(guess, secret)))
+    return traffic
+
+
 class EmptyBoardCopiesTest(unittest.TestCase):
     def test_every_empty_board_teacher_example_exactly_n_times(self):
         table = load_table(show_progress=False)
@@ -434,13 +447,7 @@ class EmptyBoardCopiesTest(unittest.TestCase):
         counts = Counter(json.dumps(r["messages"]) for r in records)
         self.assertEqual(set(counts.values()), {3})
         # the boards are exactly those of the teacher's games, each game played to the end, no retries
-        boards = set()
-        for secret in words:
-            history = []
-            while not history or history[-1][0] != secret:
-                guess = data.teacher_guess(solver, solver.candidate_columns(history), 100000)
-                boards.add((tuple(history), guess))
-                history.append((guess, feedback(guess, secret)))
+        boards = set(teacher_board_traffic(solver, words))
         got = {(tuple((g, feedback(g, r["meta"]["secret"])) for g in r["meta"]["history"]), r["meta"]["target"])
                for r in records}
         self.assertLessEqual(got, boards)             # boards with the same clues and reply are one example
@@ -460,13 +467,7 @@ class EmptyBoardCopiesTest(unittest.TestCase):
         counts = Counter(json.dumps(r["messages"]) for r in
                          data.empty_board_examples(words, cfg, random.Random(0), solver, None))
         # traffic counted independently: how many of the 40 games pass through each (board, teacher reply)
-        traffic = Counter()
-        for secret in words:
-            history = []
-            while not history or history[-1][0] != secret:
-                guess = data.teacher_guess(solver, solver.candidate_columns(history), 100000)
-                traffic[(tuple(history), guess)] += 1
-                history.append((guess, feedback(guess, secret)))
+        traffic = teacher_board_traffic(solver, words)
         opener = [k for k in traffic if k[0] == ()]
         self.assertEqual(len(opener), 1)
         self.assertEqual(traffic[opener[0]], 40)

@@ -6,6 +6,7 @@ import unittest
 from pathlib import Path
 
 from wordle_mlx.config import load_config, resolve_path
+from wordle_mlx.stages.dagger import DaggerConfig
 from wordle_mlx.stages.data import DataConfig
 from wordle_mlx.stages.evaluate import EvalConfig
 from wordle_mlx.stages.grpo import GRPOConfig
@@ -13,12 +14,12 @@ from wordle_mlx.stages.sft import SFTConfig
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
 MODELS = {"data": DataConfig, "demo_data": DataConfig, "sft": SFTConfig, "demo_sft": SFTConfig,
-          "grpo": GRPOConfig, "demo_grpo": GRPOConfig, "eval": EvalConfig}
+          "grpo": GRPOConfig, "demo_grpo": GRPOConfig, "eval": EvalConfig, "dagger": DaggerConfig}
 
 
 def model_for(path: Path):
     stem = path.stem
-    for prefix in ("demo_data", "demo_sft", "demo_grpo", "data", "sft", "grpo", "eval"):
+    for prefix in ("demo_data", "demo_sft", "demo_grpo", "data", "sft", "grpo", "eval", "dagger"):
         if stem.startswith(prefix):
             return MODELS[prefix]
     raise AssertionError(f"no stage model known for {path.name}")
@@ -54,6 +55,25 @@ class ShippedConfigTest(unittest.TestCase):
             with self.subTest(sft=later.run_name):
                 self.assertEqual(resolve_path(later, later.init_adapter).resolve(),
                                  resolve_path(earlier, earlier.logs_dir).resolve() / earlier.run_name / "adapters")
+
+    def test_dagger_rounds_chain(self):
+        """Each DAgger round plays the adapter the stage before it wrote, adds to the data before it, and its
+        SFT stage trains on that data from the same adapter: grpo-fit -> dagger -> sft-dagger -> dagger2 ->
+        sft-dagger2."""
+        grpo = load_config(CONFIG / "grpo_fit_cpu_270m.json", GRPOConfig)
+        adapter = resolve_path(grpo, grpo.logs_dir).resolve() / grpo.run_name / "adapters"
+        data_fit = load_config(CONFIG / "data_fit.json", DataConfig)
+        base = resolve_path(data_fit, data_fit.out).resolve()
+        for dagger_name, sft_name in (("dagger_270m", "sft_dagger_cpu_270m"), ("dagger2_270m", "sft_dagger2_cpu_270m")):
+            with self.subTest(dagger=dagger_name):
+                dagger = load_config(CONFIG / f"{dagger_name}.json", DaggerConfig)
+                sft = load_config(CONFIG / f"{sft_name}.json", SFTConfig)
+                self.assertEqual(resolve_path(dagger, dagger.adapter).resolve(), adapter)
+                self.assertEqual(resolve_path(dagger, dagger.base_data).resolve(), base)
+                self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
+                self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(dagger, dagger.out).resolve())
+                adapter = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
+                base = resolve_path(dagger, dagger.out).resolve()
 
 
 if __name__ == "__main__":

@@ -184,6 +184,20 @@ def data_command(config: ConfigOpt = None,
 
 
 @app.command()
+def dagger(config: ConfigOpt = None,
+           adapter: AdapterOpt = None,
+           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
+           train_games: Annotated[Optional[int], typer.Option("--train-games", help="Games on train secrets.")] = None,
+           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+    """SFT data on the boards the model reaches itself, with the teacher's replies (one DAgger round)."""
+    from .stages import dagger as stage
+    cfg = load_config(config, stage.DaggerConfig, {
+        "adapter": str(Path(adapter).resolve()) if adapter else None, "out": str(out.resolve()) if out else None,
+        "train_games": train_games, "progress": False if no_progress else None})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
 def sft(config: ConfigOpt = None,
         resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
         run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,

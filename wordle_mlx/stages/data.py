@@ -36,8 +36,8 @@ from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
 from ..game.thinking import ThinkStyle, think_text
-from ..llm.prompts import (NOT_A_WORD, NOT_FIVE_LETTERS, PromptConfig, TurnText, build_messages, format_reply,
-                           parse_reply)
+from ..llm.prompts import (NOT_A_WORD, NOT_FIVE_LETTERS, REPLY_ERRORS, PromptConfig, TurnText, build_messages,
+                           format_reply, parse_reply)
 from ..metrics import read_jsonl
 from ..progress import console, progress_bar
 from .entropy import load_table
@@ -239,8 +239,10 @@ def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str,
             return f"earlier reply plays {parsed.guess!r}, history says {g!r}"
         turns.append(TurnText(reply=msg["content"], guess=g, pattern=feedback(g, secret)))
     retry = record["meta"].get("retry_error")
-    if retry is not None and (parse_reply(f"<think>x</think><guess>{retry[1]}</guess>", False, allowed).error
-                              != retry[0]):
+    if retry is not None and retry[0] not in REPLY_ERRORS:
+        return f"retry_error {retry} is not a reply error kind"
+    if retry is not None and retry[0] in (NOT_A_WORD, NOT_FIVE_LETTERS) and (
+            parse_reply(f"<think>x</think><guess>{retry[1]}</guess>", False, allowed).error != retry[0]):
         return f"retry_error {retry} is not the error the engine would report"
     last_error = tuple(retry) if retry is not None else None
     if build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=last_error) != messages[:-1]:

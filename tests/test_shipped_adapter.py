@@ -17,7 +17,7 @@ from pathlib import Path
 
 from wordle_mlx.config import load_config
 from wordle_mlx.game.splits import split_answers
-from wordle_mlx.stages import data
+from wordle_mlx.stages import dagger, data
 from wordle_mlx.stages.entropy import load_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +62,18 @@ class ShippedDataSeedTest(unittest.TestCase):
                 records = data.make_split(split, 60, cfg, solver, splits)
                 regenerated = {r["meta"]["secret"] for r in records}
                 self.assertTrue(regenerated <= set(self.seed["secrets"][split]), (i, split))
+
+    def test_dagger_rounds_played_only_shipped_secrets(self):
+        """Each DAgger round's secrets (a seeded shuffle of the split) are in the shipped seed, so the
+        split check above covers them; a recipe with dagger_N.json files must list their configs."""
+        rounds = sorted((SHIPPED / "recipe").glob("dagger_*.json"))
+        self.assertEqual(len(self.seed.get("dagger_configs", [])), len(rounds))
+        splits = split_answers()
+        for cfg_dict in self.seed.get("dagger_configs", []):
+            cfg = dagger.DaggerConfig(**cfg_dict)  # its defaults for what the file leaves out
+            for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games)):
+                played = dagger.secrets_for(splits[split], n, cfg.seed, split)
+                self.assertTrue(set(played) <= set(self.seed["secrets"][split]), split)
 
 
 class ShippedAdapterTest(unittest.TestCase):

@@ -1,10 +1,14 @@
-"""SFT step throughput: our selected-positions loss against mlx-lm's `default_loss` on the same batches.
+"""SFT step throughput: our selected-positions loss, with and without the shared prefix, against mlx-lm's
+`default_loss` on the same batches.
 
-Both compute cross-entropy on assistant tokens only; ours runs the model body, gathers the positions
+All three compute cross-entropy on assistant tokens only; ours runs the model body, gathers the positions
 that carry loss and projects only those onto the vocabulary (`llm/sft_loss.py`), mlx-lm's projects
-every position. Each timed step is a full LoRA gradient computation (value_and_grad + eval) on the
-same batch, alternating ours/theirs so machine noise hits both alike. Tokens/s counts every real
-token in the batch (prompt included), as mlx-lm reports it. Last line: `speedup X.XX`.
+every position. "ours, shared prefix" also runs the start that every example of the batch shares (chat
+markers and system line) once per batch (`make_batch(share_prefix=True)`, the SFT stage's default).
+Each timed step is a full LoRA gradient computation (value_and_grad + eval) on the same batch, the three
+interleaved so machine noise hits them alike. Tokens/s counts every real token in the batch (prompt
+included, the shared prefix once per example), as mlx-lm reports it. Last two lines: `prefix speedup X.XX`
+(shared against unshared ours) and `speedup X.XX` (ours unshared against mlx-lm).
 Usage: python benchmarks/sft_throughput.py [--model builtin:gemma-3-270m] [--data data/sft] [--steps 6]
 """
 
@@ -52,11 +56,14 @@ def main() -> None:
     ours_grad = nn.value_and_grad(model, loss_sum)
     theirs_grad = nn.value_and_grad(model, default_loss)
 
-    def ours(group):
-        b = make_batch(group)
-        (s, n), g = ours_grad(model, b.inputs, b.positions, b.targets, b.weights)
+    def ours(group, share=False):
+        b = make_batch(group, share_prefix=share)
+        (s, n), g = ours_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
         mx.eval(s, n, g)
         return (s / n).item(), b.length
+
+    def ours_shared(group):
+        return ours(group, share=True)
 
     def theirs(group):
         width = 1 + 32 * ((max(len(t) for t, _ in group) + 31) // 32)   # as mlx-lm's iterate_batches pads
@@ -67,12 +74,12 @@ def main() -> None:
         return loss.item(), sum(len(t) for t, _ in group)
 
     model.train()
-    ours(groups[0]), theirs(groups[0])   # warm-up (first-call allocations)
-    rates = {"ours": [], "mlx-lm default_loss": []}
+    ours(groups[0]), ours_shared(groups[0]), theirs(groups[0])   # warm-up (first-call allocations)
+    rates = {"ours": [], "ours, shared prefix": [], "mlx-lm default_loss": []}
     mean_len = statistics.mean(len(t) for g in groups[1:] for t, _ in g)
     print(f"model {args.model}, batch {args.batch_size} x ~{mean_len:.0f} tokens, {args.steps} steps each, interleaved")
     for step, group in enumerate(groups[1:], start=1):
-        for name, fn in (("ours", ours), ("mlx-lm default_loss", theirs)):
+        for name, fn in (("ours", ours), ("ours, shared prefix", ours_shared), ("mlx-lm default_loss", theirs)):
             start = time.perf_counter()
             loss, tokens = fn(group)
             seconds = time.perf_counter() - start
@@ -81,6 +88,7 @@ def main() -> None:
     print(f"peak memory {mx.get_peak_memory() / 1e9:.2f} GB")
     for name, values in rates.items():
         print(f"{name:>20}: median {statistics.median(values):.1f} tok/s")
+    print(f"prefix speedup {statistics.median(rates['ours, shared prefix']) / statistics.median(rates['ours']):.2f}")
     print(f"speedup {statistics.median(rates['ours']) / statistics.median(rates['mlx-lm default_loss']):.2f}")
 
 

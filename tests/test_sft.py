@@ -9,6 +9,8 @@ from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from wordle_mlx.config import load_config, validate_config
@@ -55,6 +57,29 @@ class SFTTest(unittest.TestCase):
         self.assertGreater(batch.tokens, 10)
         self.assertAlmostEqual(ours[0].item(), full[0].item(), delta=1e-4 * abs(full[0].item()))
         self.assertEqual(ours[1].item(), batch.tokens)
+
+    def test_shared_prefix_batch_gives_the_same_loss_and_gradient(self):
+        seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:4], self.tokenizer, Path("x"))
+        plain = make_batch(seqs, pad_to=16)
+        shared = make_batch(seqs, pad_to=16, share_prefix=True)
+        self.assertIsNone(plain.prefix)
+        c = shared.prefix.shape[0]
+        self.assertGreater(c, 5)                                     # <bos>, turn marker, the system prompt
+        self.assertEqual(shared.prefix.tolist(), seqs[0][0][:c])
+        self.assertTrue(all(t[:c] == seqs[0][0][:c] for t, _ in seqs))
+        self.assertLessEqual(c, min(off for _, off in seqs) - 1)    # no target inside the prefix
+        self.assertEqual(shared.targets.tolist(), plain.targets.tolist())
+        grad = nn.value_and_grad(self.model, loss_sum)
+        (s1, n1), g1 = grad(self.model, plain.inputs, plain.positions, plain.targets, plain.weights)
+        (s2, n2), g2 = grad(self.model, shared.inputs, shared.positions, shared.targets, shared.weights, False,
+                            shared.prefix)
+        self.assertAlmostEqual(s2.item(), s1.item(), delta=1e-4 * abs(s1.item()))
+        self.assertEqual(n1.item(), n2.item())
+        for (k, a), (_, b) in zip(sorted(tree_flatten(g1)), sorted(tree_flatten(g2))):
+            np.testing.assert_allclose(np.array(b), np.array(a), rtol=2e-3, atol=2e-5, err_msg=k)
+        # the full-logits reference path puts the prefix back in front of every row
+        full = loss_sum(self.model, shared.inputs, shared.positions, shared.targets, shared.weights, True, shared.prefix)
+        self.assertAlmostEqual(full[0].item(), s1.item(), delta=1e-4 * abs(s1.item()))
 
     def test_matches_mlx_lm_default_loss_on_assistant_tokens(self):
         from mlx_lm.tuner.trainer import default_loss

@@ -198,6 +198,20 @@ def dagger(config: ConfigOpt = None,
 
 
 @app.command()
+def choice(config: ConfigOpt = None,
+           adapter: AdapterOpt = None,
+           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
+           train_games: Annotated[Optional[int], typer.Option("--train-games", help="Train secrets played (default: all).")] = None,
+           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+    """SFT data from self-play where each board's label is the fitting answer the model scores highest."""
+    from .stages import choice as stage
+    cfg = load_config(config, stage.ChoiceConfig, {
+        "adapter": str(Path(adapter).resolve()) if adapter else None, "out": str(out.resolve()) if out else None,
+        "train_games": train_games, "progress": False if no_progress else None})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
 def sft(config: ConfigOpt = None,
         resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
         run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,

@@ -6,7 +6,12 @@ token (the prompt, its chat-template prefix and the padding are masked out), tho
 weight per position (0 for the few padding positions that round the count up to a multiple of
 `pad_to`, so batch shapes repeat). `loss_sum(model, batch)` returns the summed cross-entropy and the
 number of target tokens; dividing gives the token-weighted mean, which also makes gradient
-accumulation exactly equal to one big batch.
+accumulation exactly equal to one big batch. With `share_prefix`, the longest start that every example of
+the batch shares and that carries no target (for chat data: `<bos>`, the turn marker and the system line,
+about a third of a compact-prompt example) becomes `batch.prefix`: it runs through the model once and every
+example's remaining tokens attend to its keys and values (`logits.shared_prefix_logits`, with gradients),
+which gives the same loss and gradient as the padded batch (tests/test_sft.py) for less work
+(benchmarks/sft_throughput.py).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .logits import full_logits_at, selected_logits
+from .logits import full_logits_at, has_split_head, selected_logits, shared_prefix_logits
 
 
 @dataclass
@@ -29,22 +34,36 @@ class SFTBatch:
     weights: mx.array     # (P,) float32, 1 for real targets, 0 for padding
     tokens: int           # number of real target tokens
     length: int           # total real tokens in the batch (prompt included), for throughput
+    prefix: mx.array | None = None   # (C,) int32 tokens every example starts with; `inputs` holds what follows
 
 
 def round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-def make_batch(sequences: Sequence[tuple[list[int], int]], pad_to: int = 32, max_length: int | None = None) -> SFTBatch:
+def shared_start(seqs: Sequence[tuple[list[int], int]]) -> int:
+    """How many leading input tokens all of `seqs` share, stopping before the first position with a target
+    and leaving every example at least one input token of its own."""
+    limit = min(min(len(t) - 2, max(off - 1, 0)) for t, off in seqs)
+    first = seqs[0][0]
+    n = 0
+    while n < limit and all(t[n] == first[n] for t, _ in seqs):
+        n += 1
+    return n
+
+
+def make_batch(sequences: Sequence[tuple[list[int], int]], pad_to: int = 32, max_length: int | None = None,
+               share_prefix: bool = False) -> SFTBatch:
     """Arrays for a batch of (tokens, prompt_length); see the module docstring."""
     seqs = [(list(t[:max_length]) if max_length else list(t), off) for t, off in sequences]
-    width = round_up(max(len(t) - 1 for t, _ in seqs), pad_to)
+    start = shared_start(seqs) if share_prefix else 0
+    width = round_up(max(len(t) - 1 - start for t, _ in seqs), pad_to)
     inputs = np.zeros((len(seqs), width), dtype=np.int32)
     positions, targets = [], []
     for b, (tokens, offset) in enumerate(seqs):
-        inputs[b, : len(tokens) - 1] = tokens[:-1]
+        inputs[b, : len(tokens) - 1 - start] = tokens[start:-1]
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
-            positions.append(b * width + j)
+            positions.append(b * width + j - start)
             targets.append(tokens[j + 1])
     n = len(positions)
     if n == 0:
@@ -56,17 +75,32 @@ def make_batch(sequences: Sequence[tuple[list[int], int]], pad_to: int = 32, max
     targets += [0] * (padded - n)
     return SFTBatch(mx.array(inputs), mx.array(np.array(positions, dtype=np.int32)),
                     mx.array(np.array(targets, dtype=np.int32)), mx.array(weights), n,
-                    sum(len(t) for t, _ in seqs))
+                    sum(len(t) for t, _ in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None)
 
 
-def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False):
-    """(summed cross-entropy over real targets, number of real targets)."""
-    gather = full_logits_at if full_logits else selected_logits
-    logits = gather(model, inputs, positions).astype(mx.float32)
+def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx.array, mx.array]:
+    """The padded batch a shared-prefix batch stands for: the prefix put back in front of every row."""
+    b, width = inputs.shape
+    c = prefix.shape[0]
+    full = mx.concatenate([mx.broadcast_to(prefix[None], (b, c)), inputs], axis=1)
+    return full, (positions // width) * (width + c) + positions % width + c
+
+
+def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None):
+    """(summed cross-entropy over real targets, number of real targets). `prefix`: see `make_batch`."""
+    if prefix is not None and (full_logits or not has_split_head(model)):
+        inputs, positions = unshare(prefix, inputs, positions)
+        prefix = None
+    if prefix is not None:
+        logits = shared_prefix_logits(model, prefix, inputs, positions).astype(mx.float32)
+    else:
+        gather = full_logits_at if full_logits else selected_logits
+        logits = gather(model, inputs, positions).astype(mx.float32)
     ce = nn.losses.cross_entropy(logits, targets) * weights
     return ce.sum(), weights.sum()
 
 
 def mean_loss(model, batch: SFTBatch, full_logits: bool = False) -> mx.array:
-    total, count = loss_sum(model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits)
+    total, count = loss_sum(model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits,
+                            batch.prefix)
     return total / count

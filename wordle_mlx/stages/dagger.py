@@ -15,15 +15,12 @@ mix. Secrets are the first words of a seeded shuffle of the train (valid) split,
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 from pydantic import Field, model_validator
 
 from ..config import StrictModel, resolve_path
 from ..errors import UserError
-from ..fileio import write_json_atomic, write_text_atomic
 from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.splits import split_answers
@@ -33,7 +30,7 @@ from ..game.words import guess_list
 from ..llm.prompts import TurnText, build_messages, format_reply
 from ..llm.rollout import GameSpec, RolloutConfig, play_games
 from ..progress import console, progress_bar
-from .data import DataConfig, read_sft_jsonl, replay_problem, teacher_guess
+from .data import read_sft_jsonl, teacher_guess, write_checked_sft
 from .entropy import load_table
 
 
@@ -138,16 +135,10 @@ def run(cfg: DaggerConfig) -> dict:
         random.Random(f"wordle-mlx-dagger|{cfg.seed}|{split}|mix").shuffle(mixed)
         data[split] = mixed
 
-    check = DataConfig(mode="sft", think_style=cfg.think_style, prompt=cfg.rollout.prompt, progress=False)
     split_sets = {name: set(words) for name, words in splits.items()}
-    problems = [f"{split} record {i}: {p}" for split, records in data.items() for i, r in enumerate(records, 1)
-                if r["meta"].get("mode") == "on_policy" and (p := replay_problem(r, check, set(allowed), split,
-                                                                                 split_sets))]
-    if problems:  # a bug, not bad input: never write such data
-        raise AssertionError(f"{len(problems)} records failed the replay check; first: {problems[0]}")
-    for split, records in data.items():
-        write_text_atomic(out / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    write_json_atomic(out / "stats.json", stats)
+    write_checked_sft(out, data, stats, cfg.rollout.prompt, set(allowed), split_sets,
+                      check=lambda r: r["meta"].get("mode") == "on_policy",   # base records were checked by `data`
+                      think_style=cfg.think_style)
     if cfg.progress:
         for split in data:
             s = stats[split]

@@ -255,6 +255,21 @@ def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str,
     return None
 
 
+def write_checked_sft(out: Path, data: dict[str, list[dict]], stats: dict, prompt: PromptConfig,
+                      allowed: set[str], splits: dict[str, set[str]], check=lambda record: True,
+                      think_style: ThinkStyle = "none") -> None:
+    """Replay-check every SFT record that `check` selects (as `data` does its own), then write each split's
+    JSONL and stats.json atomically; a record that fails is a bug, and nothing is written."""
+    cfg = DataConfig(mode="sft", think_style=think_style, prompt=prompt, progress=False)
+    problems = [f"{split} record {i}: {p}" for split, records in data.items() for i, r in enumerate(records, 1)
+                if check(r) and (p := replay_problem(r, cfg, allowed, split, splits))]
+    if problems:
+        raise AssertionError(f"{len(problems)} records failed the replay check; first: {problems[0]}")
+    for split, records in data.items():
+        write_text_atomic(out / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write_json_atomic(out / "stats.json", stats)
+
+
 def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]],
                preferred: frozenset[str] | None = None) -> list[dict]:
     rng = random.Random(f"wordle-mlx-data|{cfg.seed}|{split}")

@@ -72,6 +72,8 @@ class SFTConfig(StrictModel):
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 = off.")
     max_seq_length: int = Field(1024, ge=16)
     pad_to: int = Field(32, ge=1, description="Pad batch widths and target counts to multiples of this.")
+    share_prefix: bool = Field(True, description="Run the start that all examples of a batch share (chat "
+                               "markers, system line) once per batch: the same loss, less work.")
     grad_checkpoint: bool = False
     valid_every: int = Field(50, ge=0)
     valid_batches: int = Field(0, ge=0, description="Validation batches per pass; 0 = all.")
@@ -109,7 +111,8 @@ def make_batches(seqs: list[tuple[list[int], int]], cfg: SFTConfig, world=None) 
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i][0]), i))
     shares = [order[s:s + cfg.batch_size][rank::size] for s in range(0, len(order), cfg.batch_size)]
-    return [make_batch([seqs[i] for i in mine], cfg.pad_to, cfg.max_seq_length) if mine else None for mine in shares]
+    return [make_batch([seqs[i] for i in mine], cfg.pad_to, cfg.max_seq_length, cfg.share_prefix) if mine else None
+            for mine in shares]
 
 
 def batch_at(position: int, n_batches: int, seed: int) -> int:
@@ -126,7 +129,7 @@ def mean_gradient(model, loss_and_grad, batches: list[SFTBatch | None], world=No
     for b in batches:
         if b is None:                    # this rank has no example in a short last batch
             continue
-        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights)
+        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
         grads = g if grads is None else tree_map(mx.add, grads, g)
         mx.eval(grads, s, n)
         total, count, length = total + s.item(), count + n.item(), length + b.length
@@ -142,7 +145,7 @@ def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
     """Token-weighted validation loss; with several ranks, over every rank's batches."""
     total, count = 0.0, 0.0
     for b in batches:
-        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights)
+        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
         mx.eval(s, n)
         total, count = total + s.item(), count + n.item()
     if world is not None:

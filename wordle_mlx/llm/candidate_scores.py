@@ -1,0 +1,56 @@
+"""Which of several replies to one prompt does the model prefer? Sequence log-probabilities, teacher-forced.
+
+`reply_token_ids(tokenizer, messages, reply)` gives the tokens the chat template appends for an assistant
+reply (exactly what SFT trains on: the full conversation's ids minus the prompt's, generation prompt
+included). `reply_logprobs(model, prompt_ids, replies)` returns, for each reply, the sum over its tokens of
+log p(token | prompt, earlier reply tokens) under `model`, computed with the prompt run once and every
+reply attending to its keys and values (`logits.shared_prefix_logits`, Gemma 3 text models), in chunks so
+that the (tokens x 262k) logits stay small. Replies may differ in length; padding is never scored. No
+gradient graph is built. `wordle-mlx choice` uses it to label a board with the fitting word the model
+already likes best.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def reply_token_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: Sequence[int] | None = None) -> list[int]:
+    """Token ids the chat template adds after the generation prompt for the assistant `reply`."""
+    if prompt_ids is None:
+        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(list(messages) + [{"role": "assistant", "content": reply}])
+    prompt_ids, full = [int(t) for t in prompt_ids], [int(t) for t in full]
+    if full[:len(prompt_ids)] != prompt_ids or len(full) == len(prompt_ids):
+        raise ValueError("the chat template's assistant turn does not extend the generation prompt")
+    return full[len(prompt_ids):]
+
+
+def reply_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[int]], chunk: int = 32) -> np.ndarray:
+    """(len(replies),) float64: log p(reply | prompt) for each reply, summed over the reply's tokens."""
+    import mlx.core as mx
+
+    from .logits import shared_prefix_logits
+
+    if len(prompt_ids) < 2:
+        raise ValueError("the prompt needs at least 2 tokens")
+    if any(len(r) == 0 for r in replies):
+        raise ValueError("every reply needs at least one token")
+    prefix = mx.array([int(t) for t in prompt_ids[:-1]])
+    last = int(prompt_ids[-1])
+    out = np.zeros(len(replies), dtype=np.float64)
+    for start in range(0, len(replies), chunk):
+        part = [list(map(int, r)) for r in replies[start:start + chunk]]
+        width = max(len(r) for r in part)
+        # row j feeds the prompt's last token then the reply's own tokens; position t predicts reply token t
+        inputs = [[last] + r[:-1] + [0] * (width - len(r)) for r in part]
+        positions = [j * width + t for j, r in enumerate(part) for t in range(len(r))]
+        targets = [tok for r in part for tok in r]
+        logits = shared_prefix_logits(model, prefix, mx.array(inputs), mx.array(positions)).astype(mx.float32)
+        picked = mx.take_along_axis(logits, mx.array(targets)[:, None], axis=-1)[:, 0]
+        token_lp = np.array(picked - mx.logsumexp(logits, axis=-1), dtype=np.float64)
+        row = np.repeat(np.arange(len(part)), [len(r) for r in part])
+        out[start:start + len(part)] = np.bincount(row, weights=token_lp, minlength=len(part))
+    return out

@@ -35,7 +35,9 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
   (data 1 and SFT 1: the broad 30-minute SFT; data 2 and SFT 2: the focus SFT that starts from it;
   data 3 and SFT 3: the fit SFT on the teacher's boards weighted by traffic, which GRPO starts from).
   `dagger_N.json`, when present: DAgger rounds (`wordle-mlx dagger`), the boards the model reached itself
-  labelled by the teacher; the SFT configs after the third train on them, in order.
+  labelled by the teacher; `choice_N.json`, when present: self-choice rounds (`wordle-mlx choice`), self-play
+  boards labelled with the fitting answer the model scored highest. The SFT configs after the third train
+  on them, in order.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 
@@ -65,6 +67,8 @@ def main() -> None:
     ap.add_argument("--grpo-config", type=Path)
     ap.add_argument("--dagger-config", type=Path, action="append", default=[],
                     help="DAgger rounds' configs (repeatable, in order); their data folders' secrets are added.")
+    ap.add_argument("--choice-config", type=Path, action="append", default=[],
+                    help="Self-choice rounds' configs (repeatable, in order); their data folders' secrets are added.")
     ap.add_argument("--eval", type=Path, action="append", default=[], help="Eval JSON files to ship (repeatable).")
     args = ap.parse_args()
 
@@ -77,7 +81,9 @@ def main() -> None:
     data_cfgs = [json.loads(path.read_text()) for path in args.data_config]
     secrets: dict[str, set[str]] = {"train": set(), "valid": set()}
     dagger_cfgs = [json.loads(path.read_text()) for path in args.dagger_config]
-    for path, cfg in [*zip(args.data_config, data_cfgs), *zip(args.dagger_config, dagger_cfgs)]:
+    choice_cfgs = [json.loads(path.read_text()) for path in args.choice_config]
+    for path, cfg in [*zip(args.data_config, data_cfgs), *zip(args.dagger_config, dagger_cfgs),
+                      *zip(args.choice_config, choice_cfgs)]:
         for split, words in data_secrets((path.parent / cfg.get("out", "data/sft")).resolve()).items():
             secrets[split].update(words)
 
@@ -95,9 +101,10 @@ def main() -> None:
             shutil.copy2(path, recipe / (f"sft_{i}.json" if len(args.sft_config) > 1 else "sft.json"))
         if args.grpo_config:
             shutil.copy2(args.grpo_config, recipe / "grpo.json")
-        for i, path in enumerate(args.dagger_config, start=1):
-            shutil.copy2(path, recipe / f"dagger_{i}.json")
-        seed = {"data_configs": data_cfgs, "dagger_configs": dagger_cfgs,
+        for kind, paths in (("dagger", args.dagger_config), ("choice", args.choice_config)):
+            for i, path in enumerate(paths, start=1):
+                shutil.copy2(path, recipe / f"{kind}_{i}.json")
+        seed = {"data_configs": data_cfgs, "dagger_configs": dagger_cfgs, "choice_configs": choice_cfgs,
                 "secrets": {k: sorted(v) for k, v in secrets.items()},
                 "note": "GRPO draws its secrets from the train split (wordle_mlx/game/splits.py) with its own seed."}
         (tmp / "data_seed.json").write_text(json.dumps(seed, indent=1) + "\n")

@@ -49,6 +49,14 @@ class ReplyLogprobsTest(unittest.TestCase):
         want = [full_forward_logprob(self.model, self.prompt, r) for r in replies]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
+    def test_replies_with_a_common_start_score_it_once_and_exactly(self):
+        texts = ["<guess> c r a n e</guess>", "<guess> c r a t e</guess>", "<guess> s l a t e</guess>",
+                 "<guess> c r a n e</guess> !"]
+        replies = [reply_token_ids(self.tok, self.messages, t) for t in texts]
+        got = reply_logprobs(self.model, self.prompt, replies, chunk=2)
+        want = [full_forward_logprob(self.model, self.prompt, r) for r in replies]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
     def test_reply_tokens_are_what_the_template_appends(self):
         reply = "<guess> c r a n e</guess>"
         ids = reply_token_ids(self.tok, self.messages, reply)

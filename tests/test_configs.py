@@ -6,6 +6,7 @@ import unittest
 from pathlib import Path
 
 from wordle_mlx.config import load_config, resolve_path
+from wordle_mlx.stages.choice import ChoiceConfig
 from wordle_mlx.stages.dagger import DaggerConfig
 from wordle_mlx.stages.data import DataConfig
 from wordle_mlx.stages.evaluate import EvalConfig
@@ -14,12 +15,13 @@ from wordle_mlx.stages.sft import SFTConfig
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
 MODELS = {"data": DataConfig, "demo_data": DataConfig, "sft": SFTConfig, "demo_sft": SFTConfig,
-          "grpo": GRPOConfig, "demo_grpo": GRPOConfig, "eval": EvalConfig, "dagger": DaggerConfig}
+          "grpo": GRPOConfig, "demo_grpo": GRPOConfig, "eval": EvalConfig, "dagger": DaggerConfig,
+          "choice": ChoiceConfig}
 
 
 def model_for(path: Path):
     stem = path.stem
-    for prefix in ("demo_data", "demo_sft", "demo_grpo", "data", "sft", "grpo", "eval", "dagger"):
+    for prefix in ("demo_data", "demo_sft", "demo_grpo", "data", "sft", "grpo", "eval", "dagger", "choice"):
         if stem.startswith(prefix):
             return MODELS[prefix]
     raise AssertionError(f"no stage model known for {path.name}")
@@ -38,13 +40,15 @@ class ShippedConfigTest(unittest.TestCase):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
         chains = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("sft_focus_cpu_270m", "grpo_focus_cpu_270m", "data_focus"),
                   ("sft_fit_cpu_270m", "grpo_fit_cpu_270m", "data_fit"),
+                  ("sft_choice_cpu_270m", "grpo_choice_cpu_270m", None),
                   ("demo_sft", "demo_grpo", "demo_data"),
                   ("sft_lora_config", "grpo_lora_config", "data_4b")]
         for sft_name, grpo_name, data_name in chains:
             with self.subTest(sft=sft_name):
                 sft = load_config(CONFIG / f"{sft_name}.json", SFTConfig)
-                data = load_config(CONFIG / f"{data_name}.json", DataConfig)
-                self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
+                if data_name is not None:          # the choice stage's data: test_choice_round_chains
+                    data = load_config(CONFIG / f"{data_name}.json", DataConfig)
+                    self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
                 grpo = load_config(CONFIG / f"{grpo_name}.json", GRPOConfig)
                 sft_adapters = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
                 self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), sft_adapters)
@@ -74,6 +78,17 @@ class ShippedConfigTest(unittest.TestCase):
                 self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(dagger, dagger.out).resolve())
                 adapter = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
                 base = resolve_path(dagger, dagger.out).resolve()
+
+    def test_choice_round_chains(self):
+        """The self-choice round labels boards with the GRPO-fit adapter's choices, and its SFT stage trains on
+        that data from the same adapter: grpo-fit -> choice -> sft-choice (-> grpo-choice, checked above)."""
+        grpo = load_config(CONFIG / "grpo_fit_cpu_270m.json", GRPOConfig)
+        adapter = resolve_path(grpo, grpo.logs_dir).resolve() / grpo.run_name / "adapters"
+        choice = load_config(CONFIG / "choice_270m.json", ChoiceConfig)
+        sft = load_config(CONFIG / "sft_choice_cpu_270m.json", SFTConfig)
+        self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
+        self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
+        self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(choice, choice.out).resolve())
 
 
 if __name__ == "__main__":

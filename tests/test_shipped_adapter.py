@@ -17,7 +17,7 @@ from pathlib import Path
 
 from wordle_mlx.config import load_config
 from wordle_mlx.game.splits import split_answers
-from wordle_mlx.stages import dagger, data
+from wordle_mlx.stages import choice, dagger, data
 from wordle_mlx.stages.entropy import load_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,17 +63,19 @@ class ShippedDataSeedTest(unittest.TestCase):
                 regenerated = {r["meta"]["secret"] for r in records}
                 self.assertTrue(regenerated <= set(self.seed["secrets"][split]), (i, split))
 
-    def test_dagger_rounds_played_only_shipped_secrets(self):
-        """Each DAgger round's secrets (a seeded shuffle of the split) are in the shipped seed, so the
-        split check above covers them; a recipe with dagger_N.json files must list their configs."""
-        rounds = sorted((SHIPPED / "recipe").glob("dagger_*.json"))
-        self.assertEqual(len(self.seed.get("dagger_configs", [])), len(rounds))
+    def test_on_policy_rounds_played_only_shipped_secrets(self):
+        """Each DAgger or self-choice round's secrets (a seeded shuffle of the split) are in the shipped seed,
+        so the split check above covers them; a recipe with dagger_N.json / choice_N.json files must list
+        their configs."""
         splits = split_answers()
-        for cfg_dict in self.seed.get("dagger_configs", []):
-            cfg = dagger.DaggerConfig(**cfg_dict)  # its defaults for what the file leaves out
-            for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games)):
-                played = dagger.secrets_for(splits[split], n, cfg.seed, split)
-                self.assertTrue(set(played) <= set(self.seed["secrets"][split]), split)
+        for kind, config in (("dagger", dagger.DaggerConfig), ("choice", choice.ChoiceConfig)):
+            rounds = sorted((SHIPPED / "recipe").glob(f"{kind}_*.json"))
+            self.assertEqual(len(self.seed.get(f"{kind}_configs", [])), len(rounds), kind)
+            for cfg_dict in self.seed.get(f"{kind}_configs", []):
+                cfg = config(**cfg_dict)  # its defaults for what the file leaves out
+                for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games)):
+                    played = dagger.secrets_for(splits[split], n or len(splits[split]), cfg.seed, split)
+                    self.assertTrue(set(played) <= set(self.seed["secrets"][split]), (kind, split))
 
 
 class ShippedAdapterTest(unittest.TestCase):

@@ -5,8 +5,9 @@ reply (exactly what SFT trains on: the full conversation's ids minus the prompt'
 included). `reply_logprobs(model, prompt_ids, replies)` returns, for each reply, the sum over its tokens of
 log p(token | prompt, earlier reply tokens) under `model`, computed with the prompt run once and every
 reply attending to its keys and values (`logits.shared_prefix_logits`, Gemma 3 text models), in chunks so
-that the (tokens x 262k) logits stay small. Replies may differ in length; padding is never scored. No
-gradient graph is built. `wordle-mlx choice` uses it to label a board with the fitting word the model
+that the (tokens x 262k) logits stay small. Tokens that every reply starts with (the `<guess>` tag) have the
+same context in every row, so they are scored once and added to each sum. Replies may differ in length;
+padding is never scored. No gradient graph is built. `wordle-mlx choice` uses it to label a board with the fitting word the model
 already likes best.
 """
 
@@ -40,17 +41,27 @@ def reply_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[
         raise ValueError("every reply needs at least one token")
     prefix = mx.array([int(t) for t in prompt_ids[:-1]])
     last = int(prompt_ids[-1])
+    replies = [list(map(int, r)) for r in replies]
+    # tokens every reply starts with see the same context in every row: score them once (row 0), not per row
+    shared, limit = 0, min(len(r) for r in replies) - 1
+    while shared < limit and all(r[shared] == replies[0][shared] for r in replies):
+        shared += 1
     out = np.zeros(len(replies), dtype=np.float64)
+    common = 0.0
     for start in range(0, len(replies), chunk):
-        part = [list(map(int, r)) for r in replies[start:start + chunk]]
+        part = replies[start:start + chunk]
         width = max(len(r) for r in part)
         # row j feeds the prompt's last token then the reply's own tokens; position t predicts reply token t
         inputs = [[last] + r[:-1] + [0] * (width - len(r)) for r in part]
-        positions = [j * width + t for j, r in enumerate(part) for t in range(len(r))]
-        targets = [tok for r in part for tok in r]
+        scored = [range(0 if start + j == 0 else shared, len(r)) for j, r in enumerate(part)]
+        positions = [j * width + t for j, ts in enumerate(scored) for t in ts]
+        targets = [part[j][t] for j, ts in enumerate(scored) for t in ts]
         logits = shared_prefix_logits(model, prefix, mx.array(inputs), mx.array(positions)).astype(mx.float32)
         picked = mx.take_along_axis(logits, mx.array(targets)[:, None], axis=-1)[:, 0]
         token_lp = np.array(picked - mx.logsumexp(logits, axis=-1), dtype=np.float64)
-        row = np.repeat(np.arange(len(part)), [len(r) for r in part])
-        out[start:start + len(part)] = np.bincount(row, weights=token_lp, minlength=len(part))
+        if start == 0:
+            common = float(token_lp[:shared].sum())
+        row = np.repeat(np.arange(len(part)), [len(ts) for ts in scored])
+        out[start:start + len(part)] = np.bincount(row, weights=token_lp, minlength=len(part)) + common
+    out[0] -= common                      # row 0 scored its shared tokens itself
     return out

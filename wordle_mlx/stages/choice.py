@@ -165,10 +165,10 @@ def run(cfg: ChoiceConfig) -> dict:
                 teacher_memo[key] = teacher_guess(solver, solver.candidate_columns(history), 100000)
             agree += teacher_memo[key] == meta["target"]
         lengths = Counter(len(g) for g in games)
+        won = [len(g) for s, g in zip(secrets, games) if s in g]
         stats[split] = {
-            "games": len(games), "self_play_wins": sum(s in g for s, g in zip(secrets, games)),
-            "mean_guesses_on_wins": round(sum(len(g) for s, g in zip(secrets, games) if s in g)
-                                          / max(1, sum(s in g for s, g in zip(secrets, games))), 3),
+            "games": len(games), "self_play_wins": len(won),
+            "mean_guesses_on_wins": round(sum(won) / max(1, len(won)), 3),
             "game_length_histogram": {str(k): lengths.get(k, 0) for k in range(1, MAX_GUESSES + 1)},
             "distinct_examples": len(examples), "records": len(data[split]),
             "retry_records": sum("retry_error" in r["meta"] for r in data[split]),

@@ -66,7 +66,8 @@ def grpo_units(cfg, boards: int, seed: int):
     from wordle_mlx.game.solver import Solver
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm import grpo_step
-    from wordle_mlx.llm.grpo_loss import LossSettings, batch_arrays, group_advantages, grpo_loss, pack_shared_batch
+    from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, group_advantages, grpo_loss,
+                                          pack_shared_batch)
     from wordle_mlx.stages.entropy import load_table
     from wordle_mlx.stages.grpo import PromptSource, load_policy, rollout_config
 
@@ -91,8 +92,7 @@ def grpo_units(cfg, boards: int, seed: int):
         if not np.any(adv[idx]):
             continue
         seqs = [items[i].sequences[0] for i in idx]
-        n = sum(sum(q.mask) for q in seqs)
-        weights = [np.full(sum(q.mask), 1.0 / n) for q in seqs]
+        weights = averaging_weights([sum(q.mask) for q in seqs], "token")   # the group's token mean
         batch = pack_shared_batch(seqs, [float(adv[i]) for i in idx], weights)
         for credit in vectors:
             if credit == "letters":

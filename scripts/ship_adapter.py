@@ -33,11 +33,11 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
 
 - `recipe/`: the data, SFT and GRPO configs of the run, numbered in the order the recipe runs them
   (data 1 and SFT 1: the broad 30-minute SFT; data 2 and SFT 2: the focus SFT that starts from it;
-  data 3 and SFT 3: the fit SFT on the teacher's boards weighted by traffic, which GRPO starts from).
+  data 3 and SFT 3: the fit SFT on the teacher's boards weighted by traffic).
   `dagger_N.json`, when present: DAgger rounds (`wordle-mlx dagger`), the boards the model reached itself
   labelled by the teacher; `choice_N.json`, when present: self-choice rounds (`wordle-mlx choice`), self-play
   boards labelled with the fitting answer the model scored highest. The SFT configs after the third train
-  on them, in order.
+  on them, in order, each from the adapter of the one before. `grpo.json` starts from the last SFT.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> eval ->
-# plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only) and
-# replies spell the guess in letters with no think block (config/data.json). Measured here (docs/RESULTS.md,
-# sessions 6 and 8): data 3.4 + 3.3 + 2.6 min, SFT 1 29 min (180 steps), SFT 2 (focus) 52 min (270 steps),
-# SFT 3 (fit) 49 min (260 steps), GRPO 17 min (12 steps), then 200-game evals of 3.5-9 min each: about
-# 2 h 40 min of training, plus 30 min for the five greedy evals (EVALS=greedy: about 3 h 10 min) or
-# about 75 min for all eleven (about 3 h 55 min).
+# The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> a self-choice
+# round -> more SFT -> GRPO -> eval -> plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Prompts
+# are compact (the clues only) and replies spell the guess in letters with no think block (config/data.json).
+#
+# Budget, measured here (docs/RESULTS.md, sessions 6-12), in two parts:
+# - Part 1, the teacher chain (STOP_AFTER=grpo): data 3.4 + 3.3 + 2.6 min, SFT 1 29 min (180 steps), SFT 2
+#   (focus) 52 min (270 steps), SFT 3 (fit) 49 min (260 steps), GRPO 17 min (12 steps): about 2 h 40 min. Its
+#   adapter wins 16 / 200 test games greedily (8.0%).
+# - Part 2, the self-choice chain: the choice stage 20 min, then SFT on its data for 240 + 120 + 240 + 240 + 240
+#   steps (31 + 23 + 30 + 34 + 33 min) and GRPO 17 min (8 steps of 8 boards at lr 1e-5): about 3 h 10 min.
+# Together about 5 h 50 min of training, plus 200-game evals of 3.5-7 min each: about 45 min for the seven
+# greedy ones (EVALS=greedy: about 6 h 35 min in all), about 80 min for all thirteen (about 7 h 10 min). This is
+# over the 3 hours we aimed for; on this CPU the self-choice passes are what moved greedy play (RESULTS.md).
 #
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume), so a closed
 # lid or a reboot costs at most the steps since the last checkpoint. To start over:
-# rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m logs/grpo-fit-270m
+# rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m logs/grpo-fit-270m data/choice \
+#   logs/sft-choice*-270m logs/grpo-choice5-270m
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
 #   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
 #   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded constrained)
-#   STOP_AFTER=sft-focus scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
+#   STOP_AFTER=grpo scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
@@ -73,30 +80,47 @@ stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/sft_
 stage data-fit   $W data --config config/data_fit.json
 stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/sft_fit_cpu_270m.json
 stage grpo       train_or_resume logs/grpo-fit-270m $W train --config config/grpo_fit_cpu_270m.json
+# The self-choice round (session 10): the GRPO-fit adapter plays every train secret from the empty board; each
+# board it reaches is labelled with the answer that fits the clues which the model itself scores highest.
+stage choice     $W choice --config config/choice_270m.json --no-progress
+# SFT on that data from the GRPO-fit adapter (lr 3e-5), then four more passes at a constant 1.5e-5, each from
+# the one before with a new shuffle seed: greedy play went 21 -> 27 -> 31 -> 43 -> ? / 200 over them.
+stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/sft_choice_cpu_270m.json
+for n in 2 3 4 5; do
+  stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/sft_choice${n}_cpu_270m.json
+done
+# GRPO at a learning rate that cannot break the policy (lr 5e-5 did, in 10 steps: RESULTS.md session 11).
+stage grpo-choice train_or_resume logs/grpo-choice5-270m $W train --config config/grpo_choice_cpu_270m.json
 
 evaluate base - greedy
 evaluate sft1 logs/sft-270m/adapters greedy
 evaluate sft2 logs/sft-focus-270m/adapters greedy
+evaluate fit logs/sft-fit-270m/adapters greedy
+evaluate grpofit logs/grpo-fit-270m/adapters greedy
 for kind in $EVALS; do       # every player's greedy eval first, then the next setting
-  evaluate sft  logs/sft-fit-270m/adapters "$kind"
-  evaluate grpo logs/grpo-fit-270m/adapters "$kind"
+  evaluate sft  logs/sft-choice5-270m/adapters "$kind"
+  evaluate grpo logs/grpo-choice5-270m/adapters "$kind"
 done
 
 stage plots bash -c "
   $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft1 &&
-  $W plot --file logs/sft-focus-270m/metrics.jsonl --out $R/plots/sft2 &&
-  $W plot --file logs/sft-fit-270m/metrics.jsonl --out $R/plots/sft &&
-  $W plot --file logs/grpo-fit-270m/metrics.jsonl --out $R/plots/grpo &&
+  $W plot --file logs/sft-fit-270m/metrics.jsonl --out $R/plots/fit &&
+  $W plot --file logs/sft-choice5-270m/metrics.jsonl --out $R/plots/sft &&
+  $W plot --file logs/grpo-choice5-270m/metrics.jsonl --out $R/plots/grpo &&
   $W plot --compare $R/eval_base_greedy.json $R/eval_sft1_greedy.json $R/eval_sft2_greedy.json \
-      $R/eval_sft_greedy.json $R/eval_grpo_greedy.json --labels base sft-1 sft-2 sft sft+grpo --with-baselines \
+      $R/eval_fit_greedy.json $R/eval_grpofit_greedy.json $R/eval_sft_greedy.json $R/eval_grpo_greedy.json \
+      --labels base sft-1 sft-2 sft-fit grpo-fit sft-choice sft-choice+grpo --with-baselines \
       --out $R/plots/compare"
 
 ship_evals=()
 for f in "$R"/eval_grpo_*.json; do ship_evals+=(--eval "$f"); done
-stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-fit-270m/adapters --out "$SHIP" \
+sft_configs=()
+for c in sft_cpu_270m sft_focus_cpu_270m sft_fit_cpu_270m sft_choice_cpu_270m sft_choice{2,3,4,5}_cpu_270m; do
+  sft_configs+=(--sft-config "config/$c.json")
+done
+stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-choice5-270m/adapters --out "$SHIP" \
   --data-config config/data.json --data-config config/data_focus.json --data-config config/data_fit.json \
-  --sft-config config/sft_cpu_270m.json --sft-config config/sft_focus_cpu_270m.json \
-  --sft-config config/sft_fit_cpu_270m.json --grpo-config config/grpo_fit_cpu_270m.json \
+  --choice-config config/choice_270m.json "${sft_configs[@]}" --grpo-config config/grpo_choice_cpu_270m.json \
   "${ship_evals[@]}"
 
 echo

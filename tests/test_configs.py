@@ -40,7 +40,7 @@ class ShippedConfigTest(unittest.TestCase):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
         chains = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("sft_focus_cpu_270m", "grpo_focus_cpu_270m", "data_focus"),
                   ("sft_fit_cpu_270m", "grpo_fit_cpu_270m", "data_fit"),
-                  ("sft_choice_cpu_270m", "grpo_choice_cpu_270m", None),
+                  ("sft_choice5_cpu_270m", "grpo_choice_cpu_270m", None),
                   ("demo_sft", "demo_grpo", "demo_data"),
                   ("sft_lora_config", "grpo_lora_config", "data_4b")]
         for sft_name, grpo_name, data_name in chains:
@@ -80,16 +80,19 @@ class ShippedConfigTest(unittest.TestCase):
                 base = resolve_path(dagger, dagger.out).resolve()
 
     def test_choice_round_chains(self):
-        """The self-choice round labels boards with the GRPO-fit adapter's choices, and its SFT stage trains on
-        that data from the same adapter: grpo-fit -> choice -> sft-choice (-> grpo-choice, checked above)."""
+        """The self-choice round labels boards with the GRPO-fit adapter's choices, and its SFT stages train on
+        that data, the first from the same adapter and each later one from the one before:
+        grpo-fit -> choice -> sft-choice -> sft-choice2 -> ... -> sft-choice5 (-> grpo-choice, checked above)."""
         grpo = load_config(CONFIG / "grpo_fit_cpu_270m.json", GRPOConfig)
         adapter = resolve_path(grpo, grpo.logs_dir).resolve() / grpo.run_name / "adapters"
         choice = load_config(CONFIG / "choice_270m.json", ChoiceConfig)
-        sft = load_config(CONFIG / "sft_choice_cpu_270m.json", SFTConfig)
         self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
-        self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
-        self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(choice, choice.out).resolve())
-
+        for name in ("sft_choice_cpu_270m", *(f"sft_choice{n}_cpu_270m" for n in range(2, 6))):
+            with self.subTest(sft=name):
+                sft = load_config(CONFIG / f"{name}.json", SFTConfig)
+                self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
+                self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(choice, choice.out).resolve())
+                adapter = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
 
 if __name__ == "__main__":
     unittest.main()

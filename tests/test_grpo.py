@@ -318,6 +318,35 @@ class Stage(unittest.TestCase):
         self.assertEqual(set(sizes.values()), {4})
         self.assertEqual(len(sizes), turns)
 
+    def test_turn_mode_plays_on_with_the_chosen_reply(self):
+        model, tok = tiny_policy(0)
+        from wordle_mlx.game.rewards import RewardWeights, Rewards
+        from wordle_mlx.game.words import answers, guess_list
+        from wordle_mlx.llm.rollout import GameSpec
+
+        rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
+        rewards = Rewards(RewardWeights(early=1.2), answers())
+        specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
+        g = 4
+        for mode in ("best", "sampled"):
+            out = grpo_step.rollout_turn_mode(model, tok, specs, g, rcfg, frozenset(guess_list()), rewards,
+                                              BatchedGenerator(model, tok), continue_with=mode)
+            groups = [out.items[k:k + g] for k in range(0, len(out.items), g)]
+            replies = [out.replies[k:k + g] for k in range(0, len(out.replies), g)]
+            played = [(t.prompt_tokens, t.completion_tokens) for ep in out.episodes for t in ep.turns]
+            self.assertEqual(len(played), len(groups))
+            picks = []
+            for items, group_replies in zip(groups, replies):
+                if mode == "sampled":
+                    chosen = 0
+                else:
+                    chosen = max(range(g), key=lambda i: (group_replies[i].error is None, items[i].reward, -i))
+                picks.append((group_replies[chosen].prompt_tokens, group_replies[chosen].completion_tokens))
+            self.assertEqual(sorted(picks), sorted(played), mode)
+        with self.assertRaises(ValueError):
+            grpo_step.rollout_turn_mode(model, tok, specs, g, rcfg, frozenset(guess_list()), rewards,
+                                        BatchedGenerator(model, tok), continue_with="greedy")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -6,7 +6,9 @@ B x G games in one lockstep batch (`rollout.play_games`); a game's reward is `Re
 advantage. Rollout, `turn` mode: one trajectory per prompt; at each turn G replies are sampled from the
 same state (`rollout.sample_replies`, all B x G in one batch), each scored with the per-turn reward
 (`Rewards.turn_mode_values`), the group is the (prompt, turn), and the game advances with the
-best-scoring valid reply (the best reply of any kind if none is valid). The result is a list of
+best-scoring valid reply (the best reply of any kind if none is valid), or with `continue_with="sampled"`
+with the first of the G replies: they are independent draws, so that is one on-policy sample and the
+later boards are the ones the sampling policy itself reaches. The result is a list of
 `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages, drops zero-variance groups, splits the
 rest into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
@@ -77,7 +79,10 @@ def game_specs(prompts: Sequence[GameSpec], copies: int) -> list[GameSpec]:
 
 
 def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
-                         allowed: Collection[str], rewards: Rewards, generate_fn) -> RolloutResult:
+                         allowed: Collection[str], rewards: Rewards, generate_fn,
+                      continue_with: str = "best") -> RolloutResult:
+    if continue_with not in ("best", "sampled"):
+        raise ValueError(f"continue_with must be 'best' or 'sampled', got {continue_with!r}")
     start = time.perf_counter()
     episodes = play_games(model, tokenizer, game_specs(prompts, num_generations), cfg, allowed,
                           generate_fn=generate_fn)
@@ -91,7 +96,10 @@ def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_gene
 
 
 def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
-                      allowed: Collection[str], rewards: Rewards, generate_fn) -> RolloutResult:
+                      allowed: Collection[str], rewards: Rewards, generate_fn,
+                      continue_with: str = "best") -> RolloutResult:
+    if continue_with not in ("best", "sampled"):
+        raise ValueError(f"continue_with must be 'best' or 'sampled', got {continue_with!r}")
     start = time.perf_counter()
     allowed = allowed if isinstance(allowed, (set, frozenset)) else frozenset(allowed)
     games = [_start(GameSpec(p.secret, list(p.seeded_guesses), group=i), cfg) for i, p in enumerate(prompts)]
@@ -119,8 +127,11 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
                 replies.append(Turn(list(prompt), list(c.tokens), list(c.logprobs), c.text, parsed.guess,
                                     parsed.error, finish_reason=c.finish_reason))
             group += 1
-            best = max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))
-            _apply(game, prompt, scored[best][2], cfg, allowed)
+            if continue_with == "best":
+                chosen = max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))
+            else:
+                chosen = 0
+            _apply(game, prompt, scored[chosen][2], cfg, allowed)
     return RolloutResult(items, [g.episode for g in games], replies,
                          sum(len(t.completion_tokens) for t in replies), time.perf_counter() - start)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -80,6 +81,8 @@ class RLSection(StrictModel):
     max_turns: int = Field(6, ge=1, le=6, description="Guesses per game.")
     max_invalid_replies: int = Field(3, ge=1)
     invalid_costs_turn: bool = False
+    turn_continue: Literal["best", "sampled"] = Field(
+        "best", description="Turn mode: play on with the best-scoring of the G replies, or with one sampled reply.")
     completion_batch_size: int = Field(64, ge=1)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
 
@@ -314,7 +317,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
         cfg.grpo.averaging, cfg.grpo.advantage == "normalized", t.max_grad_norm, t.max_tokens_per_microbatch,
         t.max_loss_tokens_per_microbatch)
-    rollout = grpo_step.rollout_turn_mode if rl.mode == "turn" else grpo_step.rollout_episode_mode
+    rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue) if rl.mode == "turn"
+               else grpo_step.rollout_episode_mode)
 
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
     step = 0

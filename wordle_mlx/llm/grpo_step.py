@@ -79,10 +79,7 @@ def game_specs(prompts: Sequence[GameSpec], copies: int) -> list[GameSpec]:
 
 
 def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
-                         allowed: Collection[str], rewards: Rewards, generate_fn,
-                      continue_with: str = "best") -> RolloutResult:
-    if continue_with not in ("best", "sampled"):
-        raise ValueError(f"continue_with must be 'best' or 'sampled', got {continue_with!r}")
+                         allowed: Collection[str], rewards: Rewards, generate_fn) -> RolloutResult:
     start = time.perf_counter()
     episodes = play_games(model, tokenizer, game_specs(prompts, num_generations), cfg, allowed,
                           generate_fn=generate_fn)

@@ -89,6 +89,39 @@ class Advantages(unittest.TestCase):
             group_advantages([1.0, float("nan")], [0, 0])
 
 
+class UnplayableGroups(unittest.TestCase):
+    """grpo.unplayable_advantage: a zero-variance group in which no reply played a word gets that advantage."""
+
+    @staticmethod
+    def items(groups, valid, rewards):
+        return [ScoredItem([], g, r, {"valid": v}) for g, v, r in zip(groups, valid, rewards)]
+
+    def test_only_all_unplayable_dead_groups_change(self):
+        groups = [0, 0, 1, 1, 2, 2, 3, 3]
+        valid = [0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+        rewards = [0.05, 0.05, 0.7, 0.7, 0.05, 0.7, 0.05, -0.05]   # 0: dead, non-words; 1: dead, words; 2, 3 live
+        items = self.items(groups, valid, rewards)
+        adv, skipped = group_advantages(rewards, groups)
+        self.assertEqual(skipped, 2)
+        out, changed = grpo_step.unplayable_group_advantages(items, adv, -1.0)
+        self.assertEqual(changed, 1)
+        np.testing.assert_array_equal(out[:4], [-1.0, -1.0, 0.0, 0.0])
+        np.testing.assert_array_equal(out[4:], adv[4:])            # live groups keep their group advantage
+        same, none = grpo_step.unplayable_group_advantages(items, adv, 0.0)
+        self.assertIs(same, adv)
+        self.assertEqual(none, 0)
+
+    def test_missing_valid_component_raises(self):
+        items = [ScoredItem([], 0, 0.0, {"format": 1.0}), ScoredItem([], 0, 0.0, {"format": 1.0})]
+        with self.assertRaises(ValueError):
+            grpo_step.unplayable_group_advantages(items, np.zeros(2), -1.0)
+
+    def test_config_range(self):
+        with self.assertRaises(ValueError):
+            stage.GRPOSection(unplayable_advantage=0.5)
+        self.assertEqual(stage.GRPOSection().unplayable_advantage, 0.0)
+
+
 class Packing(unittest.TestCase):
     def test_positions_targets_masks(self):
         a = TokenSequence([5, 6, 7, 8, 9], [0, 0, 1, 1, 1], [0, 0, -0.1, -0.2, -0.3])
@@ -151,6 +184,33 @@ class LossOnTinyModel(unittest.TestCase):
         self.assertEqual((result.applied, result.skipped_groups, result.trained_tokens), (False, 2, 0))
         after = dict(tree_flatten(self.model.trainable_parameters()))
         self.assertTrue(all(np.array_equal(before[k], np.array(after[k])) for k in before))
+
+    def test_unplayable_group_is_pushed_down(self):
+        """A dead group of replies that played no word is skipped by plain GRPO; with unplayable_advantage < 0
+        the update trains on it and lowers the log-probability of those replies."""
+        mx.random.seed(3)
+        items = sample_items(self.model, self.tok, self.prompt, 1, 4, 6, lambda t: 0.0)
+        for it in items:
+            it.values = {"valid": 0.0}
+        seqs = [it.sequences[0] for it in items]
+        arrays = batch_arrays(pack_batch(seqs, [0.0] * 4, averaging_weights([sum(s.mask) for s in seqs], "token")))
+
+        def total_logprob():
+            return float(selected_logprobs(self.model, arrays["inputs"], arrays["positions"], arrays["targets"],
+                                           1.0).sum())
+
+        before_params = [(k, mx.array(v)) for k, v in tree_flatten(self.model.trainable_parameters())]
+        try:
+            before = total_logprob()
+            plain = policy_update(self.model, optim.SGD(learning_rate=0.05), items, UpdateSettings(LossSettings()))
+            self.assertEqual((plain.applied, plain.skipped_groups, plain.unplayable_groups), (False, 1, 0))
+            pushed = policy_update(self.model, optim.SGD(learning_rate=0.05), items,
+                                   UpdateSettings(LossSettings(), unplayable_advantage=-1.0))
+            self.assertEqual((pushed.applied, pushed.skipped_groups, pushed.unplayable_groups), (True, 0, 1))
+            self.assertGreater(pushed.trained_tokens, 0)
+            self.assertLess(total_logprob(), before - 1e-3)
+        finally:
+            self.model.update(tree_unflatten(before_params))
 
     def test_shared_prompt_update_equals_plain_packing(self):
         """Replies to one prompt, packed with the prompt run once, give the plain packing's log-probs, loss,
@@ -345,7 +405,30 @@ class Stage(unittest.TestCase):
             self.assertEqual(sorted(picks), sorted(played), mode)
         with self.assertRaises(ValueError):
             grpo_step.rollout_turn_mode(model, tok, specs, g, rcfg, frozenset(guess_list()), rewards,
-                                        BatchedGenerator(model, tok), continue_with="greedy")
+                                        BatchedGenerator(model, tok), continue_with="argmax")
+
+    def test_turn_mode_greedy_plays_the_games_greedy_eval_plays(self):
+        """continue_with='greedy': every trajectory is the game greedy evaluation plays (same replies, errors
+        included), while the G replies per turn are still sampled at the rollout temperature."""
+        model, tok = tiny_policy(0)
+        from wordle_mlx.game.rewards import RewardWeights, Rewards
+        from wordle_mlx.game.words import answers, guess_list
+        from wordle_mlx.llm.rollout import GameSpec, play_games
+
+        rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
+        rewards = Rewards(RewardWeights(early=1.2), answers())
+        specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
+        allowed = frozenset(guess_list())
+        out = grpo_step.rollout_turn_mode(model, tok, specs, 4, rcfg, allowed, rewards,
+                                          BatchedGenerator(model, tok), continue_with="greedy")
+        greedy = play_games(model, tok, specs, rcfg.model_copy(update={"temperature": 0.0}), allowed,
+                            generate_fn=BatchedGenerator(model, tok))
+        self.assertEqual([[(t.completion_tokens, t.error) for t in ep.turns] for ep in out.episodes],
+                         [[(t.completion_tokens, t.error) for t in ep.turns] for ep in greedy])
+        self.assertEqual(len(out.items), 4 * sum(len(ep.turns) for ep in greedy))
+        played = {tuple(t.completion_tokens) for ep in greedy for t in ep.turns}
+        sampled = {tuple(t.completion_tokens) for t in out.replies}
+        self.assertTrue(sampled - played, "the group replies should be samples, not the greedy replies")
 
 
 if __name__ == "__main__":

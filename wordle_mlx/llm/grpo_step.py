@@ -8,9 +8,12 @@ same state (`rollout.sample_replies`, all B x G in one batch), each scored with 
 (`Rewards.turn_mode_values`), the group is the (prompt, turn), and the game advances with the
 best-scoring valid reply (the best reply of any kind if none is valid), or with `continue_with="sampled"`
 with the first of the G replies: they are independent draws, so that is one on-policy sample and the
-later boards are the ones the sampling policy itself reaches. The result is a list of
+later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
+policy's own temperature-0 reply (one more decode per turn, not trained on), so the boards, error messages
+included, are the ones greedy evaluation reaches. The result is a list of
 `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
-component values. `policy_update` computes group advantages, drops zero-variance groups, splits the
+component values. `policy_update` computes group advantages, drops zero-variance groups (or, with
+`unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the
 rest into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
 `max_tokens` padded tokens), accumulates gradients of `grpo_loss`,
 clips them, and applies the optimizer only when the loss and gradient norm are finite.
@@ -92,11 +95,15 @@ def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_gene
                          time.perf_counter() - start)
 
 
+CONTINUE_WITH = ("best", "sampled", "greedy")
+
+
 def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
                       allowed: Collection[str], rewards: Rewards, generate_fn,
                       continue_with: str = "best") -> RolloutResult:
-    if continue_with not in ("best", "sampled"):
-        raise ValueError(f"continue_with must be 'best' or 'sampled', got {continue_with!r}")
+    if continue_with not in CONTINUE_WITH:
+        raise ValueError(f"continue_with must be one of {', '.join(CONTINUE_WITH)}, got {continue_with!r}")
+    greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
     start = time.perf_counter()
     allowed = allowed if isinstance(allowed, (set, frozenset)) else frozenset(allowed)
     games = [_start(GameSpec(p.secret, list(p.seeded_guesses), group=i), cfg) for i, p in enumerate(prompts)]
@@ -106,7 +113,9 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
     while active := [g for g in games if not g.done]:
         prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.last_error) for g in active]
         samples = sample_replies(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn=generate_fn)
-        for game, prompt, completions in zip(active, prompt_ids, samples):
+        greedy = ([r[0] for r in sample_replies(model, tokenizer, prompt_ids, 1, greedy_cfg, generate_fn=generate_fn)]
+                  if continue_with == "greedy" else [None] * len(active))
+        for game, prompt, completions, greedy_reply in zip(active, prompt_ids, samples, greedy):
             state = game.episode.state
             scored = []
             for c in completions:
@@ -125,10 +134,12 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
                                     parsed.error, finish_reason=c.finish_reason))
             group += 1
             if continue_with == "best":
-                chosen = max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))
+                chosen = scored[max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))][2]
+            elif continue_with == "sampled":
+                chosen = scored[0][2]
             else:
-                chosen = 0
-            _apply(game, prompt, scored[chosen][2], cfg, allowed)
+                chosen = greedy_reply
+            _apply(game, prompt, chosen, cfg, allowed)
     return RolloutResult(items, [g.episode for g in games], replies,
                          sum(len(t.completion_tokens) for t in replies), time.perf_counter() - start)
 
@@ -182,6 +193,7 @@ class UpdateSettings:
     loss: LossSettings
     averaging: str = "token"
     scale_advantages: bool = True
+    unplayable_advantage: float = 0.0    # advantage of a group in which no reply played a word (0 = GRPO: skipped)
     max_grad_norm: float = 1.0           # 0 = no clipping
     max_tokens: int = 4096               # padded tokens per micro-batch
     max_loss_tokens: int = 256           # model tokens per micro-batch (each one is a vocab-sized logit row)
@@ -199,6 +211,7 @@ class UpdateResult:
     finite: bool
     trained_tokens: int
     seconds: float
+    unplayable_groups: int = 0           # zero-variance groups trained with `unplayable_advantage`
 
 
 def shared_weights(lengths: Sequence[int], averaging: str, total_tokens: float, total_sequences: float) -> list:
@@ -226,6 +239,8 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     start = time.perf_counter()
     advantages, skipped = group_advantages([it.reward for it in items], [it.group for it in items],
                                            scale=s.scale_advantages)
+    advantages, unplayable = unplayable_group_advantages(items, advantages, s.unplayable_advantage)
+    skipped -= unplayable
     live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
     seqs, advs = [], []
     for it, a in zip(items, advantages):
@@ -235,10 +250,10 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
                     seqs.append(seq)
                     advs.append(float(a))
     lengths = [sum(q.mask) for q in seqs]
-    total_tokens, total_seqs, skipped = world.sum_floats([sum(lengths), len(seqs), skipped])
-    skipped = int(skipped)
+    total_tokens, total_seqs, skipped, unplayable = world.sum_floats([sum(lengths), len(seqs), skipped, unplayable])
+    skipped, unplayable = int(skipped), int(unplayable)
     if total_seqs == 0:
-        return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start)
+        return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start, unplayable)
     weights = shared_weights(lengths, s.averaging, total_tokens, total_seqs)
     model.train()
 
@@ -276,7 +291,33 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         mx.eval(model.trainable_parameters(), optimizer.state)
     model.eval()
     return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, int(total_tokens),
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, unplayable)
+
+
+def unplayable_group_advantages(items: Sequence[ScoredItem], advantages: np.ndarray,
+                                value: float) -> tuple[np.ndarray, int]:
+    """(advantages, number of groups changed): every item of a zero-variance group in which no reply played a
+    word (reward component `valid` 0 throughout: non-words or format errors) gets `value` instead of 0.
+
+    Plain GRPO (`value` 0) learns nothing from such a group, so a board on which every sample is the same
+    kind of non-word is never trained on; a negative `value` pushes those replies down (negative-sample
+    reinforcement). Groups with any spread, or with a played word, keep their group-relative advantage."""
+    if value == 0.0:
+        return advantages, 0
+    out = np.array(advantages, dtype=np.float64)
+    by_group: dict[int, list[int]] = {}
+    for i, it in enumerate(items):
+        by_group.setdefault(it.group, []).append(i)
+    changed = 0
+    for idx in by_group.values():
+        if any(out[i] != 0.0 for i in idx):
+            continue
+        if "valid" not in items[idx[0]].values:
+            raise ValueError("unplayable_group_advantages needs the reward component 'valid' in every item")
+        if all(items[i].values["valid"] == 0.0 for i in idx):
+            out[idx] = value
+            changed += 1
+    return out, changed
 
 
 def _leaves(tree) -> list:

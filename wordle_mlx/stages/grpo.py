@@ -81,8 +81,9 @@ class RLSection(StrictModel):
     max_turns: int = Field(6, ge=1, le=6, description="Guesses per game.")
     max_invalid_replies: int = Field(3, ge=1)
     invalid_costs_turn: bool = False
-    turn_continue: Literal["best", "sampled"] = Field(
-        "best", description="Turn mode: play on with the best-scoring of the G replies, or with one sampled reply.")
+    turn_continue: Literal["best", "sampled", "greedy"] = Field(
+        "best", description="Turn mode: play on with the best-scoring of the G replies, with one sampled reply, or "
+        "with the policy's greedy reply (one more decode per turn; the boards are the ones greedy eval reaches).")
     completion_batch_size: int = Field(64, ge=1)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
 
@@ -110,6 +111,9 @@ class GRPOSection(StrictModel):
     averaging: Literal["token", "sequence"] = "token"
     advantage: Literal["normalized", "centered"] = "normalized"
     resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")
+    unplayable_advantage: float = Field(0.0, ge=-5.0, le=0.0, description=(
+        "Advantage of every reply in a zero-variance group where no reply played a word (all non-words or "
+        "format errors); 0 = plain GRPO, which skips such groups; e.g. -1 pushes them down."))
 
 
 class ValidationSection(StrictModel):
@@ -315,8 +319,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     generate = generate_fn or BatchedGenerator(model, tokenizer)
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
-        cfg.grpo.averaging, cfg.grpo.advantage == "normalized", t.max_grad_norm, t.max_tokens_per_microbatch,
-        t.max_loss_tokens_per_microbatch)
+        cfg.grpo.averaging, cfg.grpo.advantage == "normalized", cfg.grpo.unplayable_advantage, t.max_grad_norm,
+        t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch)
     rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue) if rl.mode == "turn"
                else grpo_step.rollout_episode_mode)
 
@@ -414,7 +418,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         "reward_std": float(totals.std()),
                         "rewards": grpo_step.value_stats([v for p in parts for v in p["values"]]),
                         **grpo_step.rates_from_counts([p["counts"] for p in parts]),
-                        "skipped_groups": upd.skipped_groups,
+                        "skipped_groups": upd.skipped_groups, "unplayable_groups": upd.unplayable_groups,
                         "resampled_groups": resampled, "nonfinite_skips": st["nonfinite_total"],
                         "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],

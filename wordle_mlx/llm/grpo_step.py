@@ -312,7 +312,7 @@ def unplayable_group_advantages(items: Sequence[ScoredItem], advantages: np.ndar
     for idx in by_group.values():
         if any(out[i] != 0.0 for i in idx):
             continue
-        if "valid" not in items[idx[0]].values:
+        if any("valid" not in items[i].values for i in idx):
             raise ValueError("unplayable_group_advantages needs the reward component 'valid' in every item")
         if all(items[i].values["valid"] == 0.0 for i in idx):
             out[idx] = value

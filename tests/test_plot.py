@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 from wordle_mlx.cli import app
 from wordle_mlx.errors import UserError
 from wordle_mlx.plots.runlog import load_run
-from wordle_mlx.plots.stats import (centered_mean, cumulative_wins, is_noisy, markdown_table, outcome_histogram, rolling_win_rate,
-                                    wilson_interval)
+from wordle_mlx.plots.stats import (centered_mean, cumulative_wins, is_noisy, markdown_table, mcnemar_exact_p,
+                                    outcome_histogram, paired_counts, rolling_win_rate, wilson_interval)
 from wordle_mlx.stages.plot import PlotConfig, parse_list_options, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +143,24 @@ class TestArithmetic(unittest.TestCase):
         self.assertAlmostEqual(hi, 0.3719, places=3)
         self.assertEqual(wilson_interval(0, 10)[0], 0.0)
         self.assertEqual(wilson_interval(10, 10)[1], 1.0)
+
+    def test_mcnemar_exact(self):
+        # reference: R binom.test(7, 31)$p.value = 0.003327
+        self.assertAlmostEqual(mcnemar_exact_p(7, 24), 0.003327, places=6)
+        self.assertAlmostEqual(mcnemar_exact_p(24, 7), 0.003327, places=6)
+        self.assertEqual(mcnemar_exact_p(3, 0), 0.25)            # 2 * (1/2)^3
+        self.assertEqual(mcnemar_exact_p(0, 5), 0.0625)
+        self.assertEqual(mcnemar_exact_p(4, 4), 1.0)
+        self.assertEqual(mcnemar_exact_p(0, 0), 1.0)
+        with self.assertRaises(ValueError):
+            mcnemar_exact_p(-1, 2)
+
+    def test_paired_counts_match_by_secret_and_occurrence(self):
+        a = (["crane", "slate", "crane", "abbey"], [True, False, False, True])
+        b = (["abbey", "crane", "crane", "slate"], [False, True, True, True])  # other order, same multiset
+        self.assertEqual(paired_counts(*a, *b), {"both": 1, "only_a": 1, "only_b": 2, "neither": 0})
+        self.assertIsNone(paired_counts(*a, ["crane", "slate", "abbey", "abbey"], [True] * 4))
+        self.assertIsNone(paired_counts(*a, ["crane"], [True]))
 
     def test_markdown_table(self):
         table = markdown_table([{"label": "a", "games": 200, "wins": 61, "mean_guesses": 4.25, "invalid_rate": 0.05},
@@ -269,6 +287,26 @@ class TestCompare(unittest.TestCase):
         self.assertIn("| grpo | 4 | 2 | 50.0% (15.0-85.0) | 2.50 |", table)
         self.assertIn("| solver (baseline) | 4 | 4 | 100.0%", table)
         self.assertIn("| run | 12 |", table)  # the run's validation games: 2 passes of 6
+
+    def test_paired_table_for_evals_on_the_same_secrets(self):
+        secrets = [f"w{i:02d}" for i in range(12)]
+
+        def on(won):
+            data = make_eval([3 if w else 0 for w in won], with_solver=False)
+            for rec, secret in zip(data["game_records"], secrets):
+                rec["secret"] = secret
+            return data
+
+        first = [True] * 3 + [False] * 9
+        second = [True] * 2 + [False] + [True] * 6 + [False] * 3       # both 2, only first 1, only second 6
+        (self.tmp / "p1.json").write_text(json.dumps(on(first)))
+        (self.tmp / "p2.json").write_text(json.dumps(on(second)))
+        result, stdout, _ = quiet_run(PlotConfig(compare=[str(self.tmp / "p1.json"), str(self.tmp / "p2.json")],
+                                                 labels=["sft", "grpo"], out=str(self.tmp / "cmp")))
+        table = (self.tmp / "cmp" / "compare.md").read_text()
+        self.assertIn("Paired against sft", table)
+        self.assertIn(f"| grpo | 12 | 2 | 6 | 1 | {mcnemar_exact_p(1, 6):.3g} |", table)
+        self.assertIn(table.strip(), stdout)
 
     def test_label_count_mismatch(self):
         with self.assertRaisesRegex(UserError, "2 --labels for 1 --compare"):

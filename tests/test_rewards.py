@@ -131,6 +131,58 @@ class Invariants(unittest.TestCase):
         self.assertGreaterEqual(won_game(n_short) + 1e-12, won_game(n_long))
 
 
+# turn-mode weights: early may be anything >= 0, only win > info_gain + length is asked
+# (built to pass the checks, so nothing is filtered: length <= format, valid; length <= repeat < valid + format)
+@st.composite
+def turn_weights_strategy(draw):
+    f, v, c, i = (draw(st.floats(0.01, 1.0)) for _ in range(4))
+    length = draw(st.floats(0.0, 0.99)) * min(f, v)
+    repeat = length + draw(st.floats(0.0, 0.99)) * (v + f - length)
+    w = RewardWeights(win=i + length + draw(st.floats(0.01, 2.0)), early=draw(st.floats(0.0, 2.0)), format=f,
+                      valid=v, consistent=c, info_gain=i, repeat=repeat, length=length)
+    w.check(mode="turn")
+    return w
+
+
+class TurnModeInvariant(unittest.TestCase):
+    """In turn mode a group is the replies to one board: a winning reply must outscore every other one."""
+
+    @settings(max_examples=80, deadline=None)
+    @given(turn_weights_strategy(), history_strategy, st.sampled_from(GUESSES[:3000]), st.integers(0, 100),
+           st.integers(0, 100))
+    def test_winning_reply_beats_every_other_reply_to_the_board(self, w, hist, guess, tok_a, tok_b):
+        secret, guesses = hist
+        if secret in guesses or guess == secret:
+            return
+        r = Rewards(w, ANSWERS, mode="turn")
+        win = r.total(r.turn_mode_values(facts(secret, guesses, ReplyKind.VALID, secret, tok_a, 100)))
+        for kind, g in ((ReplyKind.VALID, guess), (ReplyKind.NOT_A_WORD, None), (ReplyKind.FORMAT_ERROR, None)):
+            other = r.total(r.turn_mode_values(facts(secret, guesses, kind, g, tok_b, 100)))
+            self.assertGreater(win, other, (kind, g))
+
+    def test_small_early_is_allowed_in_turn_mode_only(self):
+        w = RewardWeights(early=0.1, valid=1.0, repeat=1.0)
+        w.check(mode="turn")
+        Rewards(w, ANSWERS, mode="turn")
+        with self.assertRaisesRegex(ValueError, "early .* too small"):
+            w.check(mode="episode")
+
+    def test_win_must_beat_info_gain_in_turn_mode(self):
+        with self.assertRaisesRegex(ValueError, r"win \(0.1\) must be > info_gain \+ length"):
+            RewardWeights(win=0.1, early=5.0, info_gain=0.2).check(mode="turn")
+
+    def test_grpo_config_checks_the_reward_for_its_mode(self):
+        from wordle_mlx.config import validate_config
+        from wordle_mlx.errors import UserError
+        from wordle_mlx.stages.grpo import GRPOConfig
+
+        small_early = {"early": 0.2, "valid": 1.0, "repeat": 1.0}
+        cfg = validate_config({"rl": {"mode": "turn"}, "reward": small_early}, GRPOConfig, "x.json")
+        self.assertEqual(cfg.reward.early, 0.2)
+        with self.assertRaisesRegex(UserError, r"^x.json: .*reward \(rl.mode 'episode'\): reward weight early"):
+            validate_config({"rl": {"mode": "episode"}, "reward": small_early}, GRPOConfig, "x.json")
+
+
 class Misconfiguration(unittest.TestCase):
     def test_negative_nan_unknown(self):
         with self.assertRaisesRegex(ValueError, "repeat must be >= 0"):
@@ -146,7 +198,11 @@ class Misconfiguration(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "win must be > 0"):
             RewardWeights(win=0.0)
         with self.assertRaisesRegex(ValueError, "early .* too small"):
-            RewardWeights(early=0.1)
+            RewardWeights(early=0.1).check(mode="episode")
+        with self.assertRaisesRegex(ValueError, "early .* too small"):
+            Rewards(RewardWeights(early=0.1), ANSWERS)            # episode mode is the default
+        with self.assertRaisesRegex(ValueError, "unknown training mode 'game'"):
+            RewardWeights().check(mode="game")
         with self.assertRaisesRegex(ValueError, "format error"):
             RewardWeights(format=0.01, repeat=0.5, early=5.0)
         with self.assertRaisesRegex(ValueError, "length"):

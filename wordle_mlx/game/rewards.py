@@ -10,8 +10,12 @@ guess's feedback distribution over the remaining candidates divided by log2(#can
 a word already on the board; `length` -(completion tokens / max completion tokens). A reward is the
 weighted sum of the values. `RewardWeights` refuses weights that would break the invariants the trainer
 relies on: a format failure is a turn's worst outcome, an invalid or repeated word never scores above a
-valid new one, and a game won in fewer guesses never scores below one won in more. Any inconsistent
-input or non-finite value raises; nothing is silently scored 0.
+valid new one, and (`check(mode=...)`) the invariant of the training mode's groups. In `episode` mode a group
+compares whole games, so a game won in fewer guesses must never score below one won in more: `early` must
+outweigh the spread of the turn components. In `turn` mode a group compares replies to one board, which all
+win (if they win) at the same guess count, so only a winning reply must outscore every other reply
+(`win` > `info_gain` + `length`), and `early` may be small. Any inconsistent input or non-finite value raises;
+nothing is silently scored 0.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .knowledge import is_consistent
 from .state import MAX_GUESSES
 
 GAME_COMPONENTS = ("win", "early")
+MODES = ("episode", "turn")
 TURN_COMPONENTS = ("format", "valid", "consistent", "info_gain", "repeat", "length")
 COMPONENTS = GAME_COMPONENTS + TURN_COMPONENTS
 
@@ -68,7 +73,7 @@ class RewardWeights:
                 raise ValueError(f"reward weight {f.name} must be a finite number, got {value!r}")
             if value < 0:
                 raise ValueError(f"reward weight {f.name} must be >= 0 (penalties carry their own sign), got {value}")
-        self.check(MAX_GUESSES)
+        self.check_turn_invariants()
 
     def as_dict(self) -> dict[str, float]:
         return {name: float(getattr(self, name)) for name in COMPONENTS}
@@ -77,8 +82,30 @@ class RewardWeights:
         """Lowest and highest weighted sum of the turn components."""
         return (-self.format - self.length, self.format + self.valid + self.consistent + self.info_gain)
 
-    def check(self, max_guesses: int = MAX_GUESSES) -> None:
-        """Raise ValueError if these weights could break one of the reward invariants."""
+    def check(self, max_guesses: int = MAX_GUESSES, mode: str = "episode") -> None:
+        """Raise ValueError if these weights could break one of the reward invariants of `mode`'s groups."""
+        if mode not in MODES:
+            raise ValueError(f"unknown training mode {mode!r}; use one of {', '.join(MODES)}")
+        self.check_turn_invariants()
+        if mode == "turn":
+            # one board per group: every winning reply wins at the same guess count, so `early` is equal among
+            # them; a winner must still beat the best non-winning reply (full info_gain, no length cost)
+            if not self.win > self.info_gain + self.length:
+                raise ValueError(f"reward weight win ({self.win}) must be > info_gain + length "
+                                 f"({self.info_gain} + {self.length}), or a winning reply could score below a "
+                                 "reply that does not win")
+            return
+        low, high = self.turn_range()
+        step = self.early / max(1, max_guesses - 1)
+        if step < (high - low) - 1e-12:
+            raise ValueError(f"reward weight early ({self.early}) is too small: one guess fewer is worth "
+                             f"early/{max(1, max_guesses - 1)} = {step:.4g}, less than the spread of the turn "
+                             f"rewards ({high - low:.4g}); raise early to >= {(high - low) * max(1, max_guesses - 1):.4g} "
+                             "or lower format/valid/consistent/info_gain/length (or train in turn mode, where a "
+                             "group is one board)")
+
+    def check_turn_invariants(self) -> None:
+        """The invariants of a single reply, whatever the mode: format failures worst, non-words never above words."""
         if self.win <= 0:
             raise ValueError(f"reward weight win must be > 0, got {self.win}")
         if self.format <= 0:
@@ -96,13 +123,6 @@ class RewardWeights:
         if self.length > self.repeat:
             raise ValueError(f"reward weight length ({self.length}) must be <= repeat ({self.repeat}), or a long "
                              "new word could score below a short repeated one")
-        low, high = self.turn_range()
-        step = self.early / max(1, max_guesses - 1)
-        if step < (high - low) - 1e-12:
-            raise ValueError(f"reward weight early ({self.early}) is too small: one guess fewer is worth "
-                             f"early/{max(1, max_guesses - 1)} = {step:.4g}, less than the spread of the turn "
-                             f"rewards ({high - low:.4g}); raise early to >= {(high - low) * max(1, max_guesses - 1):.4g} "
-                             "or lower format/valid/consistent/info_gain/length")
 
     def total(self, values: dict[str, float]) -> float:
         """Weighted sum of component values; raises on an unknown component or a non-finite value."""
@@ -130,8 +150,9 @@ class TurnFacts:
 class Rewards:
     """Scores turns and games against a candidate universe (the answer list)."""
 
-    def __init__(self, weights: RewardWeights, answers: Sequence[str], max_guesses: int = MAX_GUESSES):
-        weights.check(max_guesses)
+    def __init__(self, weights: RewardWeights, answers: Sequence[str], max_guesses: int = MAX_GUESSES,
+                 mode: str = "episode"):
+        weights.check(max_guesses, mode)
         self.weights = weights
         self.max_guesses = max_guesses
         self.answers = tuple(answers)

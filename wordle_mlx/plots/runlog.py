@@ -177,6 +177,7 @@ class Series:
     rates: dict[str, float | None] = field(default_factory=dict)
     footnote: str = ""
     baseline_of: str | None = None  # for a baseline: the label of the eval it came from
+    secrets: list[str] | None = None  # the secret of each game, when the input records them (eval results)
 
     @property
     def games(self) -> int:
@@ -218,7 +219,10 @@ def series_from_eval(data: dict, label: str, where: str) -> Series:
     model = data.get("model") or "model?"
     adapter = data.get("adapter")
     note = f"{model} + {adapter}" if adapter else str(model)
-    return Series(label=label, histogram=histogram, outcomes=outcomes, rates=rates, footnote=note)
+    secrets = [g.get("secret") for g in records] if records else None
+    if secrets is not None and not all(isinstance(x, str) for x in secrets):
+        secrets = None
+    return Series(label=label, histogram=histogram, outcomes=outcomes, rates=rates, footnote=note, secrets=secrets)
 
 
 def series_from_run(log: RunLog, label: str | None) -> Series:

@@ -3,7 +3,8 @@
 A game is reduced to one integer "outcome": the number of guesses (1-6) for a win, 0 for a loss. All
 functions take sequences of outcomes (or numbers) and return numpy arrays or plain values, so they are
 easy to check by hand; nothing here draws or reads files. `markdown_table` renders the headline rows of
-`plot --compare`.
+`plot --compare`, and `paired_table` its paired comparisons: two players on the same secrets, compared by
+the games one won and the other lost, with McNemar's exact test (two-sided binomial on the discordant games).
 """
 
 from __future__ import annotations
@@ -132,3 +133,50 @@ def markdown_table(rows: list[dict]) -> str:
         cells += [_pct(row.get(key)) for key, _ in rate_cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def mcnemar_exact_p(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value: P(a split at least this uneven) for `only_a + only_b` fair coin flips."""
+    n = only_a + only_b
+    if only_a < 0 or only_b < 0:
+        raise ValueError(f"discordant counts must be >= 0, got {only_a} and {only_b}")
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_counts(secrets_a: Sequence[str], won_a: Sequence[bool], secrets_b: Sequence[str],
+                  won_b: Sequence[bool]) -> dict[str, int] | None:
+    """{both, only_a, only_b, neither} over the games of two players on the same secrets (matched by secret and
+    occurrence), or None when the two lists of secrets are not the same multiset."""
+    def keyed(secrets, won):
+        seen: dict[str, int] = {}
+        out = {}
+        for secret, w in zip(secrets, won):
+            seen[secret] = seen.get(secret, 0) + 1
+            out[(secret, seen[secret])] = bool(w)
+        return out
+
+    a, b = keyed(secrets_a, won_a), keyed(secrets_b, won_b)
+    if len(secrets_a) != len(won_a) or len(secrets_b) != len(won_b) or set(a) != set(b):
+        return None
+    counts = {"both": 0, "only_a": 0, "only_b": 0, "neither": 0}
+    for key, wa in a.items():
+        wb = b[key]
+        counts["both" if wa and wb else "only_a" if wa else "only_b" if wb else "neither"] += 1
+    return counts
+
+
+def paired_table(rows: list[dict]) -> str:
+    """Markdown: each row against the first, on the same secrets. Row: label, secrets, won (lists)."""
+    first = rows[0]
+    lines = [f"Paired against {str(first['label']).replace('|', '/')} (same secrets; McNemar exact, two-sided):", "",
+             "| run | games | won by both | only this one | only the first | p |", "|---|---:|---:|---:|---:|---:|"]
+    for row in rows[1:]:
+        c = paired_counts(first["secrets"], first["won"], row["secrets"], row["won"])
+        if c is None:
+            continue
+        lines.append(f"| {str(row['label']).replace('|', '/')} | {sum(c.values())} | {c['both']} | {c['only_b']} | "
+                     f"{c['only_a']} | {mcnemar_exact_p(c['only_a'], c['only_b']):.3g} |")
+    return "\n".join(lines) + "\n" if len(lines) > 4 else ""

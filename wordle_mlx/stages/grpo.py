@@ -8,7 +8,7 @@ Each step draws B prompts (a train-split secret and a seeded board, generated on
 ratio is 1 up to numerics and clipping rarely binds), zero-variance groups are dropped rather than
 trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
 The model starts from the base weights or from an SFT adapter (`model.adapter`, whose LoRA layout it
-keeps). The run folder `logs/<run>/` gets `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`,
+keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`,
 `train`, `valid`), atomic checkpoints (adapters, optimizer, RNG state, prompt cursor) every N steps,
 and the final mlx-lm adapter in `adapters/`. `resume` continues a run exactly: the same next prompts
 and the same sampling seeds. Ctrl-C saves a checkpoint and exits cleanly; K non-finite steps in a row
@@ -23,15 +23,13 @@ import random
 import time
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from ..config import StrictModel, config_hash, resolve_path
+from ..config import config_hash, resolve_path
 from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
-from ..game.rewards import RewardWeights, Rewards
+from ..game.rewards import Rewards
 from ..game.seeding import HistoryPolicy, seed_history
 from ..game.solver import Solver
 from ..game.splits import split_words
@@ -39,104 +37,9 @@ from ..game.words import answers, guess_list
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from .entropy import load_table
-from ..llm.prompts import ADAPTER_PROMPT_KEY, PromptConfig, choose_prompt
+from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
 from ..llm.rollout import GameSpec, RolloutConfig
-
-
-class ModelSection(StrictModel):
-    name: str = Field("builtin:gemma-3-270m", description="Model spec (see llm/models.py).")
-    adapter: str | None = Field(None, description="SFT adapter folder to start from (relative to the config file).")
-    dtype: str | None = None
-
-
-class LoraSection(StrictModel):
-    rank: int = Field(8, ge=1)
-    scale: float = Field(20.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    num_layers: int = Field(-1, ge=-1, description="Last N blocks get LoRA; -1 = all. Ignored with model.adapter.")
-    keys: list[str] | None = None
-
-
-class TrainingSection(StrictModel):
-    steps: int = Field(100, ge=1)
-    batch_prompts: int = Field(2, ge=1, description="B: prompts per step.")
-    learning_rate: float = Field(1e-5, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    min_learning_rate: float = Field(0.0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")
-    max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
-    max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Model tokens per pass (vocab-sized logits each).")
-    checkpoint_every: int = Field(10, ge=0, description="0 = only at the end.")
-    keep_checkpoints: int = Field(3, ge=1)
-    max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
-    seed: int = Field(0, ge=0, lt=2 ** 32)
-
-
-class RLSection(StrictModel):
-    mode: Literal["episode", "turn"] = "episode"
-    num_generations: int = Field(8, ge=2, description="G: games (episode) or replies (turn) per group.")
-    max_completion_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    max_turns: int = Field(6, ge=1, le=6, description="Guesses per game.")
-    max_invalid_replies: int = Field(3, ge=1)
-    invalid_costs_turn: bool = False
-    turn_continue: Literal["best", "sampled", "greedy"] = Field(
-        "best", description="Turn mode: play on with the best-scoring of the G replies, with one sampled reply, or "
-        "with the policy's greedy reply (one more decode per turn; the boards are the ones greedy eval reaches).")
-    completion_batch_size: int = Field(64, ge=1)
-    prompt: PromptConfig = Field(default_factory=PromptConfig)
-
-
-class PromptsSection(StrictModel):
-    source: Literal["generate", "file"] = "generate"
-    path: str | None = Field(None, description="rl_train.jsonl from `wordle-mlx data` when source is 'file'.")
-    k_weights: list[float] = Field([0.2, 0.2, 0.2, 0.2, 0.2], description="P(k seeded guesses), k = 0, 1, ...")
-    solver: float = 0.4
-    random: float = 0.45
-    mistake: float = 0.15
-
-    @model_validator(mode="after")
-    def _check(self) -> "PromptsSection":
-        if self.source == "file" and not self.path:
-            raise ValueError("prompts.path is required when prompts.source is 'file'")
-        HistoryPolicy(tuple(self.k_weights), self.solver, self.random, self.mistake)
-        return self
-
-
-class GRPOSection(StrictModel):
-    epsilon: float = Field(0.2, gt=0, lt=1)
-    epsilon_high: float | None = Field(None, gt=0)
-    beta: float = Field(0.0, ge=0, description="KL weight to the reference (the model with LoRA off).")
-    averaging: Literal["token", "sequence"] = "token"
-    advantage: Literal["normalized", "centered"] = "normalized"
-    resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")
-    unplayable_advantage: float = Field(0.0, ge=-5.0, le=0.0, description=(
-        "Advantage of every reply in a zero-variance group where no reply played a word (all non-words or "
-        "format errors); 0 = plain GRPO, which skips such groups; e.g. -1 pushes them down."))
-
-
-class ValidationSection(StrictModel):
-    every: int = Field(10, ge=0, description="Validate every N steps (and at the end); 0 = never.")
-    games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
-    temperature: float = Field(0.0, ge=0)
-    early_stopping_patience: int = Field(0, ge=0, description="Stop after N passes without a better win rate; 0 = off.")
-
-
-class GRPOConfig(StrictModel):
-    model: ModelSection = Field(default_factory=ModelSection)
-    lora: LoraSection = Field(default_factory=LoraSection)
-    training: TrainingSection = Field(default_factory=TrainingSection)
-    rl: RLSection = Field(default_factory=RLSection)
-    grpo: GRPOSection = Field(default_factory=GRPOSection)
-    reward: RewardWeights = Field(default_factory=RewardWeights)   # validated by its __post_init__
-    prompts: PromptsSection = Field(default_factory=PromptsSection)
-    validation: ValidationSection = Field(default_factory=ValidationSection)
-    logs_dir: str = Field("logs", description="Run folders go here (relative to the config file).")
-    run_name: str | None = None
-    resume: str | None = Field(None, description="Run folder to continue from its latest checkpoint.")
-    overwrite: bool = Field(False, description="Replace an existing run folder of the same name.")
-    progress: bool = True
+from .grpo_config import GRPOConfig, GRPOSection  # noqa: F401  (GRPOSection re-exported for callers)
 
 
 class NonFiniteStop(UserError):
@@ -309,7 +212,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     table = load_table(show_progress=show)
     solver = Solver(table)
     allowed = frozenset(guess_list())
-    rewards = Rewards(cfg.reward, answers(), max_guesses=rl.max_turns)
+    rewards = Rewards(cfg.reward, answers(), max_guesses=rl.max_turns, mode=rl.mode)
     prompts = PromptSource(cfg, solver, allowed, t.seed)
     valid_words = split_words("valid")[:cfg.validation.games]
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed

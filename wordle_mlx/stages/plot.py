@@ -5,7 +5,9 @@ reward components, optimiser panels, guess histogram, error rates; charts withou
 into `--out` (default `plots/` beside the file). `--compare A B ...` takes run metrics files (their
 validation games, else their train games) and eval JSON files (their `game_records`, plus
 `baselines` with `--with-baselines`), and writes cumulative wins, a percentage win-distribution chart
-and `compare.md`, a Markdown table of headline numbers with Wilson 95% intervals. Every input is read
+and `compare.md`, a Markdown table of headline numbers with Wilson 95% intervals and, for eval results
+played on the same secrets as the first input, a paired table (games only one of the two won, McNemar's
+exact p). Every input is read
 and checked before any figure is drawn, and figures are drawn before any is written, so bad input
 never leaves PNGs behind. Paths are printed one per line (or as JSON with `--json`).
 """
@@ -22,7 +24,7 @@ from ..progress import console
 from ..plots.charts import RUN_CHARTS
 from ..plots.compare import compare_cumulative_chart, compare_distribution_chart
 from ..plots.runlog import Series, load_run, load_series
-from ..plots.stats import markdown_table, wilson_interval
+from ..plots.stats import markdown_table, paired_table, wilson_interval
 from ..plots.style import readable, save_png
 
 LIST_OPTIONS = ("--compare", "--labels")
@@ -119,6 +121,11 @@ def plot_compare(cfg: PlotConfig) -> dict:
         row["win_rate"] = row["wins"] / row["games"]
         row["win_rate_ci95"] = list(wilson_interval(row["wins"], row["games"]))
     table = markdown_table(rows)
+    if series[0].secrets is not None:
+        paired = [{"label": s.label, "secrets": s.secrets, "won": [o > 0 for o in s.outcomes]}
+                  for s in series if s.secrets is not None and s.outcomes is not None]
+        extra = paired_table(paired) if len(paired) > 1 else ""
+        table += "\n" + extra if extra else ""
     out = resolve_path(cfg, cfg.out) if cfg.out else paths[0].parent / "plots"
     drawn = [("compare_cumulative_wins.png", compare_cumulative_chart(series)),
              ("compare_win_distribution.png", compare_distribution_chart(series))]

@@ -1,0 +1,124 @@
+"""The `wordle-mlx train` (GRPO) configuration: strict pydantic sections loaded from `config/grpo*.json`.
+
+One section per concern: `model` (base model and an optional SFT adapter to continue), `lora` (layout of
+fresh LoRA layers), `training` (steps, B prompts per step, schedule, micro-batch sizes, checkpoints),
+`rl` (episode or turn mode, G, sampling, game rules, prompt format), `grpo` (clipping, KL, averaging,
+advantages), `reward` (`game/rewards.py` weights, checked against the mode's invariant when the config is
+loaded), `prompts` (where the B boards come from) and `validation`. Every section forbids unknown keys,
+so a misspelt field is a one-line error naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ..config import StrictModel
+from ..game.rewards import RewardWeights
+from ..game.seeding import HistoryPolicy
+from ..llm.prompts import PromptConfig
+
+
+class ModelSection(StrictModel):
+    name: str = Field("builtin:gemma-3-270m", description="Model spec (see llm/models.py).")
+    adapter: str | None = Field(None, description="SFT adapter folder to start from (relative to the config file).")
+    dtype: str | None = None
+
+
+class LoraSection(StrictModel):
+    rank: int = Field(8, ge=1)
+    scale: float = Field(20.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    num_layers: int = Field(-1, ge=-1, description="Last N blocks get LoRA; -1 = all. Ignored with model.adapter.")
+    keys: list[str] | None = None
+
+
+class TrainingSection(StrictModel):
+    steps: int = Field(100, ge=1)
+    batch_prompts: int = Field(2, ge=1, description="B: prompts per step.")
+    learning_rate: float = Field(1e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    min_learning_rate: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")
+    max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
+    max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Model tokens per pass (vocab-sized logits each).")
+    checkpoint_every: int = Field(10, ge=0, description="0 = only at the end.")
+    keep_checkpoints: int = Field(3, ge=1)
+    max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
+    seed: int = Field(0, ge=0, lt=2 ** 32)
+
+
+class RLSection(StrictModel):
+    mode: Literal["episode", "turn"] = "episode"
+    num_generations: int = Field(8, ge=2, description="G: games (episode) or replies (turn) per group.")
+    max_completion_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    max_turns: int = Field(6, ge=1, le=6, description="Guesses per game.")
+    max_invalid_replies: int = Field(3, ge=1)
+    invalid_costs_turn: bool = False
+    turn_continue: Literal["best", "sampled", "greedy"] = Field(
+        "best", description="Turn mode: play on with the best-scoring of the G replies, with one sampled reply, or "
+        "with the policy's greedy reply (one more decode per turn; the boards are the ones greedy eval reaches).")
+    completion_batch_size: int = Field(64, ge=1)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+
+
+class PromptsSection(StrictModel):
+    source: Literal["generate", "file"] = "generate"
+    path: str | None = Field(None, description="rl_train.jsonl from `wordle-mlx data` when source is 'file'.")
+    k_weights: list[float] = Field([0.2, 0.2, 0.2, 0.2, 0.2], description="P(k seeded guesses), k = 0, 1, ...")
+    solver: float = 0.4
+    random: float = 0.45
+    mistake: float = 0.15
+
+    @model_validator(mode="after")
+    def _check(self) -> "PromptsSection":
+        if self.source == "file" and not self.path:
+            raise ValueError("prompts.path is required when prompts.source is 'file'")
+        HistoryPolicy(tuple(self.k_weights), self.solver, self.random, self.mistake)
+        return self
+
+
+class GRPOSection(StrictModel):
+    epsilon: float = Field(0.2, gt=0, lt=1)
+    epsilon_high: float | None = Field(None, gt=0)
+    beta: float = Field(0.0, ge=0, description="KL weight to the reference (the model with LoRA off).")
+    averaging: Literal["token", "sequence"] = "token"
+    advantage: Literal["normalized", "centered"] = "normalized"
+    resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")
+    unplayable_advantage: float = Field(0.0, ge=-5.0, le=0.0, description=(
+        "Advantage of every reply in a zero-variance group where no reply played a word (all non-words or "
+        "format errors); 0 = plain GRPO, which skips such groups; e.g. -1 pushes them down."))
+
+
+class ValidationSection(StrictModel):
+    every: int = Field(10, ge=0, description="Validate every N steps (and at the end); 0 = never.")
+    games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
+    temperature: float = Field(0.0, ge=0)
+    early_stopping_patience: int = Field(0, ge=0, description="Stop after N passes without a better win rate; 0 = off.")
+
+
+class GRPOConfig(StrictModel):
+    model: ModelSection = Field(default_factory=ModelSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    rl: RLSection = Field(default_factory=RLSection)
+    grpo: GRPOSection = Field(default_factory=GRPOSection)
+    reward: RewardWeights = Field(default_factory=RewardWeights)   # per reply by __post_init__, per mode below
+    prompts: PromptsSection = Field(default_factory=PromptsSection)
+    validation: ValidationSection = Field(default_factory=ValidationSection)
+    logs_dir: str = Field("logs", description="Run folders go here (relative to the config file).")
+    run_name: str | None = None
+    resume: str | None = Field(None, description="Run folder to continue from its latest checkpoint.")
+    overwrite: bool = Field(False, description="Replace an existing run folder of the same name.")
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _check_reward_for_mode(self) -> "GRPOConfig":
+        try:
+            self.reward.check(self.rl.max_turns, self.rl.mode)
+        except ValueError as exc:
+            raise ValueError(f"reward (rl.mode {self.rl.mode!r}): {exc}") from None
+        return self

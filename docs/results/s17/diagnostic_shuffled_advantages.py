@@ -3,7 +3,7 @@ the advantages are permuted at random before the update. The update then has the
 tokens and its group structure, but no reward signal: what it does to the policy is what the noise of
 GRPO's updates alone does. Compare its held-out eval with the real run's (same config, same seeds).
 
-Usage: .venv/bin/python docs/results/s17/diagnostic_shuffled_advantages.py CONFIG RUN_NAME
+Usage: .venv/bin/python docs/results/s17/diagnostic_shuffled_advantages.py CONFIG RUN_NAME [STEPS]
 """
 import sys
 
@@ -31,5 +31,8 @@ def shuffled_group_advantages(rewards, groups, scale=True, eps=1e-4):
 
 
 grpo_step.group_advantages = shuffled_group_advantages
-cfg = load_config(sys.argv[1], grpo.GRPOConfig, {"run_name": sys.argv[2], "overwrite": True, "progress": False})
+overrides = {"run_name": sys.argv[2], "overwrite": True, "progress": False}
+if len(sys.argv) > 3:
+    overrides["training.steps"] = int(sys.argv[3])
+cfg = load_config(sys.argv[1], grpo.GRPOConfig, overrides)
 print(grpo.run(cfg))

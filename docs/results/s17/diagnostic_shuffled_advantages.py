@@ -3,7 +3,8 @@ the advantages are permuted at random before the update. The update then has the
 tokens and its group structure, but no reward signal: what it does to the policy is what the noise of
 GRPO's updates alone does. Compare its held-out eval with the real run's (same config, same seeds).
 
-Usage: .venv/bin/python docs/results/s17/diagnostic_shuffled_advantages.py CONFIG RUN_NAME [STEPS]
+Usage: .venv/bin/python docs/results/s17/diagnostic_shuffled_advantages.py CONFIG RUN_NAME [STEPS [resume]]
+(`resume` continues logs/RUN_NAME from its latest checkpoint; the permutations then restart from their seed).
 """
 import sys
 
@@ -34,5 +35,8 @@ grpo_step.group_advantages = shuffled_group_advantages
 overrides = {"run_name": sys.argv[2], "overwrite": True, "progress": False}
 if len(sys.argv) > 3:
     overrides["training.steps"] = int(sys.argv[3])
+if len(sys.argv) > 4 and sys.argv[4] == "resume":
+    first = load_config(sys.argv[1], grpo.GRPOConfig)
+    overrides.update(overwrite=False, resume=str(grpo.resolve_path(first, first.logs_dir) / sys.argv[2]))
 cfg = load_config(sys.argv[1], grpo.GRPOConfig, overrides)
 print(grpo.run(cfg))

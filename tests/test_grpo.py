@@ -14,6 +14,7 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from wordle_mlx.config import validate_config
+from wordle_mlx.errors import UserError
 from wordle_mlx.llm import grpo_loss as grpo_loss_module
 from wordle_mlx.llm import grpo_step
 from wordle_mlx.llm.episode import TokenSequence
@@ -267,6 +268,36 @@ class LossOnTinyModel(unittest.TestCase):
         np.testing.assert_allclose(np.array(model(inputs)), np.array(with_lora), atol=1e-6)   # scale restored
 
 
+    def test_reference_can_be_the_start_weights(self):
+        """grpo.reference 'start': the KL reference is the model with the LoRA weights it started from."""
+        from wordle_mlx.llm.grpo_loss import lora_swapped, reference_logprobs, snapshot_trainable
+
+        model, tok = tiny_policy(6)
+        for _, m in model.named_modules():
+            if hasattr(m, "lora_b"):
+                m.lora_b = mx.random.normal(m.lora_b.shape) * 0.1
+        start = snapshot_trainable(model)
+        items = sample_items(model, tok, self.prompt, 1, 4, 5, lambda t: t[0] % 3)
+        seqs = [it.sequences[0] for it in items]
+        arrays = batch_arrays(pack_batch(seqs, [0.0] * 4, averaging_weights([sum(q.mask) for q in seqs], "token")))
+        args = (arrays["inputs"], arrays["positions"], arrays["targets"], 1.0)
+        at_start = np.array(selected_logprobs(model, *args))
+        np.testing.assert_allclose(np.array(reference_logprobs(model, arrays, 1.0, start)), at_start, atol=1e-6)
+        for _, m in model.named_modules():                  # "training" moves the LoRA weights
+            if hasattr(m, "lora_b"):
+                m.lora_b = m.lora_b + mx.random.normal(m.lora_b.shape) * 0.1
+        moved = np.array(selected_logprobs(model, *args))
+        self.assertGreater(np.abs(moved - at_start).max(), 1e-3)
+        np.testing.assert_allclose(np.array(reference_logprobs(model, arrays, 1.0, start)), at_start, atol=1e-6)
+        np.testing.assert_allclose(np.array(selected_logprobs(model, *args)), moved, atol=1e-6)   # put back
+        with self.assertRaises(RuntimeError):
+            with lora_swapped(model, start):
+                raise RuntimeError("inside")
+        np.testing.assert_allclose(np.array(selected_logprobs(model, *args)), moved, atol=1e-6)   # also on error
+        base = np.array(reference_logprobs(model, arrays, 1.0))                                  # LoRA off
+        self.assertGreater(np.abs(base - at_start).max(), 1e-3)
+
+
 class ToyReward(unittest.TestCase):
     def test_reward_rises(self):
         """Reward = share of the first 4 tokens that are lowercase letters (~7% for the random model)."""
@@ -288,6 +319,23 @@ class Stage(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.addCleanup(self.tmp.cleanup)
+
+    def test_kl_to_the_start_policy_is_zero_at_the_first_step(self):
+        """grpo.reference 'start' with beta > 0: the first update's policy is the start, so its KL is exactly 0;
+        after updates the KL to the start is positive. The 'base' reference gives the same first KL here (fresh
+        LoRA starts as the base model) and then differs."""
+        kls = {}
+        for reference in ("start", "base"):
+            cfg = stage_config(f"{self.tmp.name}/{reference}", steps=2)
+            cfg = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"beta": 0.05, "reference": reference})})
+            with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+                stage.run(cfg)
+            kls[reference] = [r["kl"] for r in train_records(Path(self.tmp.name) / reference / "run")]
+        self.assertEqual(kls["start"][0], 0.0)
+        self.assertGreater(kls["start"][1], 0.0)
+        self.assertAlmostEqual(kls["base"][1], kls["start"][1], places=6)   # fresh LoRA: the start is the base
+        with self.assertRaisesRegex(UserError, "grpo.reference"):
+            validate_config({"grpo": {"reference": "sft"}}, stage.GRPOConfig, "x.json")
 
     def test_metrics_checkpoints_and_adapters(self):
         cfg = stage_config(self.tmp.name, checkpoint_every=2)

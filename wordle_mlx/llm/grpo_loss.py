@@ -10,8 +10,10 @@ micro-batches simply add their gradients. `grpo_loss` is
     sum_t w_t * -min(rho_t A_t, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A_t) + beta * KL_t,
 with rho_t = exp(new - old) against the rollout's own log-probs (same convention as generation.py:
 log_softmax(logits / T) at the sampled token, T = sampling temperature) and KL_t the k3 estimator
-exp(ref - new) - (ref - new) - 1 to the reference policy, which is the same model with its LoRA
-switched off (`lora_disabled`: scale 0, no second copy of the weights). Only model-token positions are
+exp(ref - new) - (ref - new) - 1 to the reference policy: by default the same model with its LoRA
+switched off (`lora_disabled`: scale 0, no second copy of the weights), or, given reference LoRA weights
+(`lora_swapped`: e.g. the SFT adapter GRPO started from, kept as a second copy of the small LoRA arrays
+only), the same model with those weights in place of the trained ones. Only model-token positions are
 projected to the vocabulary. Sequences that are one shared prompt followed by one reply each (GRPO turn
 mode: G replies to the same board) are packed by `pack_shared_batch`: the prompt runs through the model
 once and every reply attends to its keys and values (`logits.shared_prefix_logits`), which gives the same
@@ -230,6 +232,28 @@ def lora_disabled(model) -> Iterator[int]:
             m.scale = s
 
 
+@contextlib.contextmanager
+def lora_swapped(model, weights) -> Iterator[None]:
+    """Run the model with the trainable (LoRA) parameters `weights` (a tree as from `trainable_parameters()`)
+    inside the block; the trained values are put back after it, also on an error."""
+    current = model.trainable_parameters()
+    try:
+        model.update(weights)
+        yield
+    finally:
+        model.update(current)
+
+
+def snapshot_trainable(model):
+    """A copy of the trainable parameters, for `lora_swapped` (the optimizer replaces arrays, but copy anyway)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    weights = tree_map(lambda a: mx.array(a), model.trainable_parameters())
+    mx.eval(weights)
+    return weights
+
+
 @dataclass
 class LossSettings:
     epsilon: float = 0.2
@@ -249,17 +273,24 @@ def batch_arrays(batch: PolicyBatch) -> dict:
     return arrays
 
 
-def reference_logprobs(model, arrays: dict, temperature: float):
-    """Log-probs of the model tokens under the reference policy (LoRA off), without gradient."""
+def reference_logprobs(model, arrays: dict, temperature: float, reference_weights=None):
+    """Log-probs of the model tokens under the reference policy, without gradient: the model with LoRA off, or
+    with the LoRA weights `reference_weights` when they are given."""
     import mlx.core as mx
 
-    with lora_disabled(model) as n:
-        if n == 0:
-            raise ValueError("beta > 0 needs LoRA layers: the reference policy is the model with LoRA switched off")
+    def logprobs():
         ref = mx.stop_gradient(selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"],
                                                  temperature, arrays.get("prefix")))
         mx.eval(ref)
-    return ref
+        return ref
+
+    if reference_weights is not None:
+        with lora_swapped(model, reference_weights):
+            return logprobs()
+    with lora_disabled(model) as n:
+        if n == 0:
+            raise ValueError("beta > 0 needs LoRA layers: the reference policy is the model with LoRA switched off")
+        return logprobs()
 
 
 def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):

@@ -198,6 +198,7 @@ class UpdateSettings:
     max_tokens: int = 4096               # padded tokens per micro-batch
     max_loss_tokens: int = 256           # model tokens per micro-batch (each one is a vocab-sized logit row)
     share_prompts: bool = True           # replies to one prompt: run the prompt once (pack_shared_batch)
+    reference_weights: object = None     # LoRA weights of the KL reference (beta > 0); None = LoRA switched off
 
 
 @dataclass
@@ -269,7 +270,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     for idx, pack in [(g, pack_shared_batch) for g in shared] + [(g, pack_batch) for g in plain]:
         batch = pack([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
         arrays = batch_arrays(batch)
-        ref = reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None
+        ref = reference_logprobs(model, arrays, s.loss.temperature, s.reference_weights) if s.loss.beta > 0 else None
         (loss, stats), g = value_and_grad(arrays, ref)
         grads = g if grads is None else tree_map(lambda a, b: a + b, grads, g)
         mx.eval(grads, loss, stats)

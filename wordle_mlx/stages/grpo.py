@@ -6,7 +6,8 @@ Each step draws B prompts (a train-split secret and a seeded board, generated on
 `game/rewards.py`, and makes one clipped-ratio policy-gradient update of the LoRA weights
 (`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch (so the
 ratio is 1 up to numerics and clipping rarely binds), zero-variance groups are dropped rather than
-trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
+trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off
+(`grpo.reference: "base"`) or with the LoRA weights the run started from (`"start"`, a copy of them).
 The model starts from the base weights or from an SFT adapter (`model.adapter`, whose LoRA layout it
 keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`,
 `train`, `valid`), atomic checkpoints (adapters, optimizer, RNG state, prompt cursor) every N steps,
@@ -174,7 +175,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
 
     from ..llm import grpo_step
     from ..llm.generation import BatchedGenerator
-    from ..llm.grpo_loss import LossSettings
+    from ..llm.grpo_loss import LossSettings, snapshot_trainable
     from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
 
@@ -217,13 +218,14 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     valid_words = split_words("valid")[:cfg.validation.games]
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed
     model, tokenizer, acfg = load_policy(cfg)
+    start_weights = snapshot_trainable(model) if cfg.grpo.reference == "start" else None   # before any resume
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
     generate = generate_fn or BatchedGenerator(model, tokenizer)
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
         cfg.grpo.averaging, cfg.grpo.advantage == "normalized", cfg.grpo.unplayable_advantage, t.max_grad_norm,
-        t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch)
+        t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch, reference_weights=start_weights)
     rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue) if rl.mode == "turn"
                else grpo_step.rollout_episode_mode)
 

@@ -84,7 +84,11 @@ class PromptsSection(StrictModel):
 class GRPOSection(StrictModel):
     epsilon: float = Field(0.2, gt=0, lt=1)
     epsilon_high: float | None = Field(None, gt=0)
-    beta: float = Field(0.0, ge=0, description="KL weight to the reference (the model with LoRA off).")
+    beta: float = Field(0.0, ge=0, description="KL weight to the reference policy (see `reference`).")
+    reference: Literal["base", "start"] = Field("base", description=(
+        "KL reference: 'base', the model with LoRA switched off; 'start', the policy the run started from "
+        "(model.adapter's weights, or the fresh LoRA, which equals the base model), kept as a copy of the LoRA "
+        "weights, so beta pulls against drift away from the SFT policy."))
     averaging: Literal["token", "sequence"] = "token"
     advantage: Literal["normalized", "centered"] = "normalized"
     resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")

@@ -9,10 +9,10 @@ ratio is 1 up to numerics and clipping rarely binds), zero-variance groups are d
 trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off
 (`grpo.reference: "base"`) or with the LoRA weights the run started from (`"start"`, a copy of them).
 The model starts from the base weights or from an SFT adapter (`model.adapter`, whose LoRA layout it
-keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`,
-`train`, `valid`), atomic checkpoints (adapters, optimizer, RNG state, prompt cursor) every N steps,
-and the final mlx-lm adapter in `adapters/`. `resume` continues a run exactly: the same next prompts
-and the same sampling seeds. Ctrl-C saves a checkpoint and exits cleanly; K non-finite steps in a row
+keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets
+`config.json`, `metrics.jsonl` (docs/METRICS.md: `run`, `train`, `valid`), atomic checkpoints (adapters,
+optimizer, RNG state, prompt cursor) every N steps, and the final mlx-lm adapter in `adapters/`. `resume`
+continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C saves a checkpoint and exits cleanly; K non-finite steps in a row
 save a checkpoint and stop with a message. Validation plays the same valid-split words greedily every
 N steps; `early_stopping_patience` stops when its win rate has not improved for that many passes.
 """

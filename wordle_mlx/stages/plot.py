@@ -121,11 +121,11 @@ def plot_compare(cfg: PlotConfig) -> dict:
         row["win_rate"] = row["wins"] / row["games"]
         row["win_rate_ci95"] = list(wilson_interval(row["wins"], row["games"]))
     table = markdown_table(rows)
-    if series[0].secrets is not None:
-        paired = [{"label": s.label, "secrets": s.secrets, "won": [o > 0 for o in s.outcomes]}
-                  for s in series if s.secrets is not None and s.outcomes is not None]
-        extra = paired_table(paired) if len(paired) > 1 else ""
-        table += "\n" + extra if extra else ""
+    paired = [{"label": s.label, "secrets": s.secrets, "won": [o > 0 for o in s.outcomes]}
+              for s in series if s.secrets is not None]          # secrets come only with game records
+    extra = paired_table(paired) if series[0].secrets is not None else ""   # "" when nothing pairs with it
+    if extra:
+        table += "\n" + extra
     out = resolve_path(cfg, cfg.out) if cfg.out else paths[0].parent / "plots"
     drawn = [("compare_cumulative_wins.png", compare_cumulative_chart(series)),
              ("compare_win_distribution.png", compare_distribution_chart(series))]

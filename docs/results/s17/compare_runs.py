@@ -3,11 +3,12 @@
 so the runs' wins on the same boards can be paired. Prints, per block of steps, greedy training wins and
 sampled non-word rates of each run, then the paired win counts over all steps both runs reached.
 
-Usage: python docs/results/s17/compare_runs.py BLOCK LABEL=metrics.jsonl LABEL=metrics.jsonl ...
+Usage: .venv/bin/python docs/results/s17/compare_runs.py BLOCK LABEL=metrics.jsonl LABEL=metrics.jsonl ...
 """
 import json
-import math
 import sys
+
+from wordle_mlx.plots.stats import mcnemar_exact_p
 
 
 def steps(path):
@@ -49,6 +50,5 @@ for name_b, b in rest:
             both += wa and wb
             only_a += wa and not wb
             only_b += wb and not wa
-    n = only_a + only_b
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2 ** n) if n else 1.0
-    print(f"{name_a} vs {name_b}: both {both}, only {name_a} {only_a}, only {name_b} {only_b}, McNemar exact p {p:.3g}")
+    print(f"{name_a} vs {name_b}: both {both}, only {name_a} {only_a}, only {name_b} {only_b}, "
+          f"McNemar exact p {mcnemar_exact_p(only_a, only_b):.3g}")

@@ -12,9 +12,9 @@ The model starts from the base weights or from an SFT adapter (`model.adapter`, 
 keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets
 `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`, `train`, `valid`), atomic checkpoints (adapters,
 optimizer, RNG state, prompt cursor) every N steps, and the final mlx-lm adapter in `adapters/`. `resume`
-continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C saves a checkpoint and exits cleanly; K non-finite steps in a row
-save a checkpoint and stop with a message. Validation plays the same valid-split words greedily every
-N steps; `early_stopping_patience` stops when its win rate has not improved for that many passes.
+continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C saves a checkpoint and
+exits cleanly; K non-finite steps in a row save a checkpoint and stop with a message. Validation plays the
+same valid-split words greedily every N steps; `early_stopping_patience` stops when its win rate has not improved for that many passes.
 """
 
 from __future__ import annotations

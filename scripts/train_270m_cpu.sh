@@ -15,8 +15,9 @@
 # over the 3 hours we aimed for; on this CPU the self-choice passes are what moved greedy play (RESULTS.md).
 #
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
-# run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume), so a closed
-# lid or a reboot costs at most the steps since the last checkpoint. To start over:
+# run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume). Ctrl-C or SIGTERM
+# (a shutdown) stops a training stage after its current step with a checkpoint and a non-zero exit, which
+# ends this script; a crash or a power cut costs at most the steps since the last checkpoint. To start over:
 # rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m logs/grpo-fit-270m data/choice \
 #   logs/sft-choice*-270m logs/grpo-choice5-270m
 #

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import tempfile
 import unittest
 from contextlib import redirect_stderr
@@ -89,9 +90,16 @@ class Workspace(unittest.TestCase):
         return path
 
 
+def reference(stage: str) -> fi.Reference:
+    """The uninterrupted run of `stage` ("sft" or "train") in the workspace, run once per module."""
+    if stage not in _WORKSPACE:
+        _WORKSPACE[stage] = fi.reference_run(_WORKSPACE["path"], stage)
+    return _WORKSPACE[stage]
+
+
 class KillAndResume(Workspace):
     def kill_trials(self, stage: str) -> None:
-        ref = fi.reference_run(self.ws, stage)
+        ref = reference(stage)
         rng = random.Random(1234)
         trials = [fi.run_trial(self.ws, stage, ref, rng, use_hook=(i % 3 == 2)) for i in range(KILLS_PER_COMMAND)]
         for t in trials:
@@ -104,6 +112,55 @@ class KillAndResume(Workspace):
 
     def test_train_killed_then_resumed_equals_uninterrupted(self):
         self.kill_trials("train")
+
+
+class StopSignalThenResume(Workspace):
+    """SIGTERM in the middle of a step: the run finishes that step, saves a checkpoint there, exits 143 with a
+    one-line note naming the step and the --resume command; the resumed run equals the uninterrupted one."""
+
+    def signal_during_call(self, target, name: str, call: int):
+        real = getattr(target, name)
+        calls = {"n": 0}
+
+        def wrapped(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == call:
+                os.kill(os.getpid(), signal.SIGTERM)       # delivered here, in the middle of the step
+            return real(*args, **kwargs)
+        return mock.patch.object(target, name, wrapped)
+
+    def check(self, stage: str, target, name: str, run_name: str, cfg_name: str) -> None:
+        cmd, _, kind, total_steps, _ = fi.STAGES[stage]
+        # the uninterrupted run in this process too, so that both use the same BLAS
+        done = invoke([cmd, "--config", str(self.config(cfg_name, run_name=f"{run_name}-ref")), "--no-progress"])
+        self.assertEqual(done.exit_code, 0, done.stderr)
+        ref_dir = self.ws / "logs" / f"{run_name}-ref"
+        ref = fi.Reference(fi.adapter_tensors(ref_dir / "adapters"),
+                           {r["step"]: (r["loss"], r["grad_norm"]) for r in fi.step_records(ref_dir, kind)}, 0.0)
+        cfg = self.config(cfg_name, **{"run_name": run_name})
+        with self.signal_during_call(target, name, 3):
+            result = invoke([cmd, "--config", str(cfg), "--no-progress"])
+        run_dir = self.ws / "logs" / run_name
+        self.assertEqual(result.exit_code, 143, result.output)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertIn(f"stopped by SIGTERM at step 3: checkpoint saved; continue with --resume {run_dir}",
+                      result.stderr)
+        self.assertEqual([r["step"] for r in fi.step_records(run_dir, kind)], [1, 2, 3])
+        self.assertEqual(lora.latest_checkpoint(run_dir / "checkpoints").name, "step_000003")
+        self.assertEqual(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)    # the handler was removed
+        done = invoke([cmd, "--resume", str(run_dir), "--no-progress"])
+        self.assertEqual(done.exit_code, 0, done.stderr)
+        trial = fi.Trial(stage, "SIGTERM", resumed_from=3)
+        fi.check_finished_run(run_dir, kind, total_steps, ref, trial)
+        self.assertEqual(trial.problems, [])
+
+    def test_sft_sigterm_then_resume_equals_uninterrupted(self):
+        from wordle_mlx.stages import sft
+        self.check("sft", sft, "mean_gradient", "sigterm-sft", "sft.json")
+
+    def test_train_sigterm_then_resume_equals_uninterrupted(self):
+        from wordle_mlx.llm import grpo_step
+        self.check("train", grpo_step, "policy_update", "sigterm-grpo", "grpo.json")
 
 
 class DiskFull(Workspace):

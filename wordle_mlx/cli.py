@@ -18,6 +18,7 @@ import typer
 from .blas import reexec_with_openblas
 from .config import load_config
 from .errors import UserError
+from .stop_signals import EXIT_CODES
 
 
 
@@ -42,6 +43,15 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="JSON 
 def emit(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2))
+
+
+def exit_if_stopped(result: dict, run_dir: str) -> None:
+    """A run ended by Ctrl-C or SIGTERM exits 130 or 143 after its checkpoint, so a script never counts it done."""
+    if result.get("signal"):
+        step = result.get("step", result.get("steps"))
+        print(f"{result['stopped']} at step {step}: checkpoint saved; continue with --resume {run_dir}",
+              file=sys.stderr)
+        raise typer.Exit(EXIT_CODES[result["signal"]])
 
 
 @app.command()
@@ -162,7 +172,9 @@ def train(config: ConfigOpt = None,
     cfg = load_config(config if config is not None else resume / "config.json", stage.GRPOConfig, {
         "training.steps": steps, "run_name": run_name, "model.adapter": str(adapter.resolve()) if adapter else None, "resume": str(resume) if resume else None,
         "overwrite": overwrite or None, "progress": False if no_progress else None})
-    emit(stage.run(cfg), json_output)
+    result = stage.run(cfg)
+    emit(result, json_output)
+    exit_if_stopped(result, result["run"])
 
 
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
@@ -223,7 +235,9 @@ def sft(config: ConfigOpt = None,
     source = config if config is not None or resume is None else resume / "config.json"
     cfg = load_config(source, stage.SFTConfig, {"run_name": run_name, "steps": steps,
                                                 "progress": False if no_progress else None})
-    emit(stage.run(cfg, resume=str(resume) if resume else None, overwrite=overwrite), json_output)
+    result = stage.run(cfg, resume=str(resume) if resume else None, overwrite=overwrite)
+    emit(result, json_output)
+    exit_if_stopped(result, result["run_dir"])
 
 
 @app.command()

@@ -12,8 +12,9 @@ The model starts from the base weights or from an SFT adapter (`model.adapter`, 
 keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets
 `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`, `train`, `valid`), atomic checkpoints (adapters,
 optimizer, RNG state, prompt cursor) every N steps, and the final mlx-lm adapter in `adapters/`. `resume`
-continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C saves a checkpoint and
-exits cleanly; K non-finite steps in a row save a checkpoint and stop with a message. Validation plays the
+continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C or SIGTERM ends the run
+after the current step with a checkpoint (`stop_signals.py`; a second Ctrl-C drops the unfinished step and
+saves the one before); K non-finite steps in a row save a checkpoint and stop with a message. Validation plays the
 same valid-split words greedily every N steps; `early_stopping_patience` stops when its win rate has not improved for that many passes.
 """
 
@@ -37,6 +38,7 @@ from ..game.splits import split_words
 from ..game.words import answers, guess_list
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
+from ..stop_signals import StopSignals, agreed_stop
 from .entropy import load_table
 from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
 from ..llm.rollout import GameSpec, RolloutConfig
@@ -272,8 +274,9 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                    "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None,
                    "world_size": world.size})
     stop_reason, last, before_step, done_step = "finished", {}, prompts.state(), step
+    stop, stop_signal = StopSignals(announce=main), None
     try:
-        with progress_bar("grpo", t.steps, enabled=show) as advance:
+        with stop, progress_bar("grpo", t.steps, enabled=show) as advance:
             advance(step)
             while step < t.steps:
                 step += 1
@@ -353,8 +356,13 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         break
                 if t.checkpoint_every and step % t.checkpoint_every == 0:
                     checkpoint(step)
+                if step < t.steps:
+                    stop_signal = agreed_stop(stop, world)
+                    if stop_signal:
+                        stop_reason = f"stopped by {stop_signal}"
+                        break
     except KeyboardInterrupt:
-        stop_reason = "interrupted"
+        stop_reason, stop_signal = "interrupted", "SIGINT"
         if done_step != step:        # the interrupted step never finished: forget its prompts
             step = done_step
             prompts.restore(before_step)
@@ -366,6 +374,6 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     if main:
         save_adapters(run_dir / "adapters", model, acfg)
         console.print(f"{stop_reason} at step {step}: adapters in {run_dir / 'adapters'}, checkpoint {path}")
-    return {"run": str(run_dir), "step": step, "stopped": stop_reason, "adapters": str(run_dir / "adapters"),
+    return {"run": str(run_dir), "step": step, "stopped": stop_reason, "signal": stop_signal, "adapters": str(run_dir / "adapters"),
             "checkpoint": str(path), "last": {k: v for k, v in last.items() if k != "games"}}
 

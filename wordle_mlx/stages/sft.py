@@ -11,6 +11,7 @@ steps it writes a checkpoint. Everything goes to `logs/<run>/` (config.json, met
 format of docs/METRICS.md, checkpoints/, adapters/). `resume` continues from the last complete
 checkpoint: adapters, optimizer state, step and data position are restored, and the dropout RNG is
 re-seeded from (seed, step) every step, so the continued run computes what an uninterrupted one would.
+Ctrl-C or SIGTERM ends the run after the current step with a checkpoint there (`stop_signals.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..llm.prompts import FORMAT_ERRORS, PromptConfig
 from ..llm.sft_loss import SFTBatch, loss_sum, make_batch
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
+from ..stop_signals import StopSignals, agreed_stop
 from .data import read_sft_jsonl
 
 
@@ -260,9 +262,9 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
         console.print(f"sft {run_dir.name}: {len(train_records)} examples in {len(train_batches)} batches, "
                       f"{trainable / 1e6:.2f}M trainable parameters, steps {step + 1}..{cfg.steps}")
     model.train()
-    last_loss, last_val = math.nan, None
-    with progress_bar("sft", cfg.steps - step, enabled=show) as advance:
-        while step < cfg.steps:
+    last_loss, last_val, stop_signal = math.nan, None, None
+    with StopSignals(announce=main) as stop, progress_bar("sft", cfg.steps - step, enabled=show) as advance:
+        while step < cfg.steps and not stop_signal:
             step += 1
             mx.random.seed(cfg.seed * 1_000_003 + step + world.rank * 15_485_863)   # dropout masks differ per rank
             start = time.perf_counter()
@@ -296,7 +298,9 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
                 record.update(game_eval(model, tokenizer, cfg, prompt_cfg, world))
             if record is not None:
                 metrics.write(record)
-            if main and (step % cfg.save_every == 0 or step == cfg.steps):
+            if step < cfg.steps:
+                stop_signal = agreed_stop(stop, world)
+            if main and (step % cfg.save_every == 0 or step == cfg.steps or stop_signal):
                 lora.save_checkpoint(checkpoints, step, model, optimizer, adapter_cfg,
                                      {"data_position": position, "seed": cfg.seed, "world_size": world.size,
                                       "rng": f"mx.random.seed({cfg.seed} * 1000003 + step) before every step"})
@@ -304,7 +308,8 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     metrics.close()
     write_weights_hash(model, world, "sft")
     adapters = lora.save_adapters(run_dir / "adapters", model, adapter_cfg) if main else run_dir / "adapters"
-    result = {"run_dir": str(run_dir), "adapters": str(adapters), "steps": step, "final_loss": last_loss,
+    result = {"run_dir": str(run_dir), "adapters": str(adapters), "steps": step, "signal": stop_signal,
+              "stopped": f"stopped by {stop_signal}" if stop_signal else "finished", "final_loss": last_loss,
               "val_loss": last_val, "peak_memory_gb": round(mx.get_peak_memory() / 1e9, 3)}
     if show:
         console.print(f"adapters saved to {adapters}")

@@ -255,6 +255,35 @@ class TestTinyModelRollouts(unittest.TestCase):
             alone = BatchedGenerator(model, tok)([p], cfg.model_copy(update={"temperature": 0.0}))[0]
             self.assertTrue(all(c.tokens == alone.tokens for c in g))
 
+    def test_greedy_rows_in_the_sampling_batch(self):
+        """sample_replies_and_greedy: the G samples plus a greedy row per prompt in one batch. The greedy rows
+        equal a separate greedy call (tokens, and T = 1 log-probs), the samples are still sampled, and each
+        prompt is prefilled once for its G + 1 rows."""
+        from wordle_mlx.game.state import GameState
+        from wordle_mlx.llm.rollout import sample_replies_and_greedy
+        model, tok = tiny()
+        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.7, seed=1)
+        greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
+        prompts = [prompt_token_ids(tok, cfg, GameState("crane")), prompt_token_ids(tok, cfg, GameState("crane", ["slate"]))]
+        one_batch = BatchedGenerator(model, tok)
+        samples, greedy = sample_replies_and_greedy(model, tok, prompts, 4, cfg, one_batch)
+        self.assertEqual([len(g) for g in samples], [4, 4])
+        self.assertEqual(len(greedy), 2)
+        self.assertGreater(len({tuple(c.tokens) for c in samples[0]}), 1)
+        two_calls = BatchedGenerator(model, tok)
+        sample_replies(model, tok, prompts, 4, cfg, two_calls)
+        for p, got in zip(prompts, greedy):
+            alone = two_calls([p], greedy_cfg)[0]
+            self.assertEqual(got.tokens, alone.tokens)
+            for x, y in zip(got.logprobs, alone.logprobs):
+                self.assertAlmostEqual(x, y, delta=1e-4)
+        self.assertLess(one_batch.prefilled_tokens, two_calls.prefilled_tokens)
+        scripted = Scripted(tok, [["<guess>crane</guess>"] * 8, ["<guess>slate</guess>"] * 2])
+        samples, greedy = sample_replies_and_greedy(model, tok, prompts, 4, cfg, scripted)   # another backend:
+        self.assertEqual([c.text for c in greedy], ["<guess>slate</guess>"] * 2)             # two calls
+        with self.assertRaises(ValueError):
+            one_batch(prompts, cfg, greedy=[True])
+
 
 class TestGemma270M(unittest.TestCase):
     def test_two_games_structure(self):

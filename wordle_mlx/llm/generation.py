@@ -202,7 +202,11 @@ class BatchedGenerator:
         return any(s in text for s in self.stop_texts)
 
     # -- generation -----------------------------------------------------------------------------------
-    def __call__(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) -> list[Completion]:
+    def __call__(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig,
+                 greedy: Sequence[bool] | None = None) -> list[Completion]:
+        """One completion per prompt, sampled with `cfg`; where `greedy[i]` is true, prompt i is decoded
+        greedily instead (in the same batch, so a prompt repeated for G samples and one greedy reply is
+        prefilled once; its log-probs then follow the greedy convention, T = 1)."""
         import mlx.core as mx
         from mlx_lm.generate import BatchGenerator
 
@@ -211,9 +215,16 @@ class BatchedGenerator:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
+        if greedy is not None and len(greedy) != len(prompts):
+            raise ValueError(f"greedy has {len(greedy)} flags for {len(prompts)} prompts")
         self.model.eval()
         sampler = make_sampler_for(cfg)
         temperature = policy_logprob_temperature(cfg)
+        samplers = None
+        if greedy is not None and any(greedy) and cfg.temperature > 0:
+            argmax = make_sampler_for(cfg.model_copy(update={"temperature": 0.0}))
+            samplers = [argmax if g else sampler for g in greedy]
+        greedy_rows = {i for i, g in enumerate(greedy or ()) if g}
         inputs, caches = self._prompt_caches(prompts, cfg)
         if caches is None:
             self.prefilled_tokens += sum(len(p) for p in prompts)
@@ -228,7 +239,7 @@ class BatchedGenerator:
             if self.constraint is not None:
                 from .word_constraint import AllowedWordsConstraint
                 processors = [[AllowedWordsConstraint(*self.constraint, len(inp))] for inp in inputs]
-            uids = gen.insert(inputs, caches=caches, logits_processors=processors)
+            uids = gen.insert(inputs, caches=caches, samplers=samplers, logits_processors=processors)
             index = {uid: i for i, uid in enumerate(uids)}
             tokens: list[list[int]] = [[] for _ in prompts]
             logprobs: list[list[float]] = [[] for _ in prompts]
@@ -236,10 +247,12 @@ class BatchedGenerator:
             while (responses := gen.next_generated()):
                 rows = mx.stack([r.logprobs for r in responses])
                 picked = mx.array([r.token for r in responses])
-                if temperature != 1.0:
-                    values = policy_logprobs(rows, picked, temperature).tolist()
-                else:   # BatchGenerator's rows are already log_softmax(logits)
-                    values = mx.take_along_axis(rows, picked[:, None], axis=-1)[:, 0].tolist()
+                raw = mx.take_along_axis(rows, picked[:, None], axis=-1)[:, 0]  # rows are log_softmax(logits)
+                values = (policy_logprobs(rows, picked, temperature) if temperature != 1.0 else raw).tolist()
+                if samplers is not None and temperature != 1.0:
+                    raw = raw.tolist()
+                    values = [raw[k] if index[r.uid] in greedy_rows else v
+                              for k, (r, v) in enumerate(zip(responses, values))]
                 done_early = []
                 for r, value in zip(responses, values):
                     i = index[r.uid]

@@ -9,7 +9,7 @@ same state (`rollout.sample_replies`, all B x G in one batch), each scored with 
 best-scoring valid reply (the best reply of any kind if none is valid), or with `continue_with="sampled"`
 with the first of the G replies: they are independent draws, so that is one on-policy sample and the
 later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
-policy's own temperature-0 reply (one more decode per turn, not trained on), so the boards, error messages
+policy's own temperature-0 reply (a greedy row in the same batch, not trained on), so the boards, error messages
 included, are the ones greedy evaluation reaches. The result is a list of
 `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages, drops zero-variance groups (or, with
@@ -32,7 +32,8 @@ from .episode import Episode, TokenSequence, Turn
 from .grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch, pack_shared_batch,
                         reference_logprobs, shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, parse_reply
-from .rollout import GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids, sample_replies
+from .rollout import (GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids, sample_replies,
+                      sample_replies_and_greedy)
 
 
 @dataclass
@@ -103,7 +104,6 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
                       continue_with: str = "best") -> RolloutResult:
     if continue_with not in CONTINUE_WITH:
         raise ValueError(f"continue_with must be one of {', '.join(CONTINUE_WITH)}, got {continue_with!r}")
-    greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
     start = time.perf_counter()
     allowed = allowed if isinstance(allowed, (set, frozenset)) else frozenset(allowed)
     games = [_start(GameSpec(p.secret, list(p.seeded_guesses), group=i), cfg) for i, p in enumerate(prompts)]
@@ -112,9 +112,11 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
     group = 0
     while active := [g for g in games if not g.done]:
         prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.last_error) for g in active]
-        samples = sample_replies(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn=generate_fn)
-        greedy = ([r[0] for r in sample_replies(model, tokenizer, prompt_ids, 1, greedy_cfg, generate_fn=generate_fn)]
-                  if continue_with == "greedy" else [None] * len(active))
+        if continue_with == "greedy":      # the greedy reply decoded in the same batch as the G samples
+            samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn)
+        else:
+            samples = sample_replies(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn=generate_fn)
+            greedy = [None] * len(active)
         for game, prompt, completions, greedy_reply in zip(active, prompt_ids, samples, greedy):
             state = game.episode.state
             scored = []

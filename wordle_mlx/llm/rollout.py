@@ -10,8 +10,8 @@ word is played (repeats are played and flagged `repeated`); any other reply is i
 the next prompt says what was wrong, and with `invalid_costs_turn` it also uses up one of the six
 guesses (the board's `max_guesses` drops by one). A game ends on a win, when no guesses are left, or
 after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
-prompts in one batch (GRPO turn mode). The backend is a parameter (`generate_fn`), so tests can script
-replies. Rollouts never build a gradient graph (nothing here calls value_and_grad) and the model is put
+prompts in one batch (GRPO turn mode); `sample_replies_and_greedy` adds each prompt's greedy reply to
+that batch. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build a gradient graph (nothing here calls value_and_grad) and the model is put
 in eval mode. With temperature 0 the same inputs give the same games.
 """
 
@@ -31,7 +31,8 @@ from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfi
                          policy_logprobs)
 from .prompts import PromptConfig, TurnText, build_messages, choose_prompt, parse_reply
 
-__all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "prompt_token_ids",
+__all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "sample_replies_and_greedy",
+           "prompt_token_ids",
            "policy_logprob_temperature", "policy_logprobs", "Completion"]
 
 
@@ -96,6 +97,24 @@ def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]],
     flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt)]
     out = generate(flat, cfg)
     return [out[i * n_per_prompt:(i + 1) * n_per_prompt] for i in range(len(prompts_token_ids))]
+
+
+def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
+                              cfg: SamplingConfig, generate_fn: GenerateFn | None = None
+                              ) -> tuple[list[list[Completion]], list[Completion]]:
+    """`sample_replies` plus each prompt's greedy reply. With the MLX backend both come from one batch (the
+    greedy row shares its prompt's prefill with the G samples); another backend is called twice."""
+    generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
+    if not isinstance(generate, BatchedGenerator):
+        greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
+        return (sample_replies(model, tokenizer, prompts_token_ids, n_per_prompt, cfg, generate),
+                [r[0] for r in sample_replies(model, tokenizer, prompts_token_ids, 1, greedy_cfg, generate)])
+    flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt + 1)]
+    flags = ([False] * n_per_prompt + [True]) * len(prompts_token_ids)
+    out = generate(flat, cfg, greedy=flags)
+    step = n_per_prompt + 1
+    return ([out[i * step:i * step + n_per_prompt] for i in range(len(prompts_token_ids))],
+            [out[i * step + n_per_prompt] for i in range(len(prompts_token_ids))])
 
 
 def _start(spec: GameSpec, cfg: RolloutConfig) -> _Game:

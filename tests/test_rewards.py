@@ -166,6 +166,10 @@ class TurnModeInvariant(unittest.TestCase):
         Rewards(w, ANSWERS, mode="turn")
         with self.assertRaisesRegex(ValueError, "early .* too small"):
             w.check(mode="episode")
+        weights = {"early": 0.1, "valid": 1.0, "repeat": 1.0}
+        self.assertEqual(RewardWeights.from_dict(weights, mode="turn"), w)
+        with self.assertRaisesRegex(ValueError, "early .* too small"):
+            RewardWeights.from_dict(weights)
 
     def test_win_must_beat_info_gain_in_turn_mode(self):
         with self.assertRaisesRegex(ValueError, r"win \(0.1\) must be > info_gain \+ length"):

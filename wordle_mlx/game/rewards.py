@@ -58,12 +58,12 @@ class RewardWeights:
     length: float = 0.0
 
     @classmethod
-    def from_dict(cls, weights: dict, max_guesses: int = MAX_GUESSES) -> "RewardWeights":
+    def from_dict(cls, weights: dict, max_guesses: int = MAX_GUESSES, mode: str = "episode") -> "RewardWeights":
         unknown = sorted(set(weights) - set(COMPONENTS))
         if unknown:
             raise ValueError(f"unknown reward component {unknown[0]!r}; known: {', '.join(COMPONENTS)}")
         out = cls(**{k: float(v) for k, v in weights.items()})
-        out.check(max_guesses)
+        out.check(max_guesses, mode)
         return out
 
     def __post_init__(self) -> None:

@@ -45,10 +45,10 @@ def emit(result: dict, as_json: bool) -> None:
         print(json.dumps(result, indent=2))
 
 
-def exit_if_stopped(result: dict, run_dir: str) -> None:
+def exit_if_stopped(result: dict) -> None:
     """A run ended by Ctrl-C or SIGTERM exits 130 or 143 after its checkpoint, so a script never counts it done."""
     if result.get("signal"):
-        step = result.get("step", result.get("steps"))
+        step, run_dir = result.get("step", result.get("steps")), result.get("run", result.get("run_dir"))
         print(f"{result['stopped']} at step {step}: checkpoint saved; continue with --resume {run_dir}",
               file=sys.stderr)
         raise typer.Exit(EXIT_CODES[result["signal"]])
@@ -174,7 +174,7 @@ def train(config: ConfigOpt = None,
         "overwrite": overwrite or None, "progress": False if no_progress else None})
     result = stage.run(cfg)
     emit(result, json_output)
-    exit_if_stopped(result, result["run"])
+    exit_if_stopped(result)
 
 
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
@@ -237,7 +237,7 @@ def sft(config: ConfigOpt = None,
                                                 "progress": False if no_progress else None})
     result = stage.run(cfg, resume=str(resume) if resume else None, overwrite=overwrite)
     emit(result, json_output)
-    exit_if_stopped(result, result["run_dir"])
+    exit_if_stopped(result)
 
 
 @app.command()

@@ -14,8 +14,9 @@ keeps). The configuration sections live in `grpo_config.py`. The run folder `log
 optimizer, RNG state, prompt cursor) every N steps, and the final mlx-lm adapter in `adapters/`. `resume`
 continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C or SIGTERM ends the run
 after the current step with a checkpoint (`stop_signals.py`; a second Ctrl-C drops the unfinished step and
-saves the one before); K non-finite steps in a row save a checkpoint and stop with a message. Validation plays the
-same valid-split words greedily every N steps; `early_stopping_patience` stops when its win rate has not improved for that many passes.
+saves the one before); K non-finite steps in a row save a checkpoint and stop with a message. Validation
+plays the same valid-split words greedily every N steps; `early_stopping_patience` stops when its win rate
+has not improved for that many passes.
 """
 
 from __future__ import annotations
@@ -374,6 +375,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     if main:
         save_adapters(run_dir / "adapters", model, acfg)
         console.print(f"{stop_reason} at step {step}: adapters in {run_dir / 'adapters'}, checkpoint {path}")
-    return {"run": str(run_dir), "step": step, "stopped": stop_reason, "signal": stop_signal, "adapters": str(run_dir / "adapters"),
-            "checkpoint": str(path), "last": {k: v for k, v in last.items() if k != "games"}}
+    return {"run": str(run_dir), "step": step, "stopped": stop_reason, "signal": stop_signal,
+            "adapters": str(run_dir / "adapters"), "checkpoint": str(path),
+            "last": {k: v for k, v in last.items() if k != "games"}}
 

@@ -9,13 +9,12 @@ same state (`rollout.sample_replies`, all B x G in one batch), each scored with 
 best-scoring valid reply (the best reply of any kind if none is valid), or with `continue_with="sampled"`
 with the first of the G replies: they are independent draws, so that is one on-policy sample and the
 later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
-policy's own temperature-0 reply (a greedy row in the same batch, not trained on), so the boards, error messages
-included, are the ones greedy evaluation reaches. The result is a list of
-`ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
-component values. `policy_update` computes group advantages, drops zero-variance groups (or, with
-`unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the
-rest into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
-`max_tokens` padded tokens), accumulates gradients of `grpo_loss`,
+policy's own temperature-0 reply (a greedy row in the same batch, not trained on), so the boards, error
+messages included, are the ones greedy evaluation reaches. The result is a list of `ScoredItem`s: the reply
+sequences that share one reward, the group it is compared within, and its component values. `policy_update`
+computes group advantages, drops zero-variance groups (or, with `unplayable_advantage` < 0, gives a dead group
+that played no word that advantage), splits the rest into micro-batches (replies that share a prompt together,
+the prompt run once; the others of at most `max_tokens` padded tokens), accumulates gradients of `grpo_loss`,
 clips them, and applies the optimizer only when the loss and gradient norm are finite.
 """
 

@@ -11,8 +11,8 @@ the next prompt says what was wrong, and with `invalid_costs_turn` it also uses 
 guesses (the board's `max_guesses` drops by one). A game ends on a win, when no guesses are left, or
 after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
 prompts in one batch (GRPO turn mode); `sample_replies_and_greedy` adds each prompt's greedy reply to
-that batch. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build a gradient graph (nothing here calls value_and_grad) and the model is put
-in eval mode. With temperature 0 the same inputs give the same games.
+that batch. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build
+a gradient graph (nothing here calls value_and_grad) and the model is put in eval mode. With temperature 0 the same inputs give the same games.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfi
 from .prompts import PromptConfig, TurnText, build_messages, choose_prompt, parse_reply
 
 __all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "sample_replies_and_greedy",
-           "prompt_token_ids",
-           "policy_logprob_temperature", "policy_logprobs", "Completion"]
+           "prompt_token_ids", "policy_logprob_temperature", "policy_logprobs", "Completion"]
 
 
 class RolloutConfig(SamplingConfig):

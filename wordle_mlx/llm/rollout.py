@@ -12,7 +12,8 @@ guesses (the board's `max_guesses` drops by one). A game ends on a win, when no 
 after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
 prompts in one batch (GRPO turn mode); `sample_replies_and_greedy` adds each prompt's greedy reply to
 that batch. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build
-a gradient graph (nothing here calls value_and_grad) and the model is put in eval mode. With temperature 0 the same inputs give the same games.
+a gradient graph (nothing here calls value_and_grad) and the model is put in eval mode. With temperature 0
+the same inputs give the same games.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tempfile
 import unittest
 from pathlib import Path
@@ -478,6 +479,44 @@ class Stage(unittest.TestCase):
         sampled = {tuple(t.completion_tokens) for t in out.replies}
         self.assertTrue(sampled - played, "the group replies should be samples, not the greedy replies")
 
+    def test_train_greedy_puts_the_greedy_reply_in_its_group(self):
+        """train_greedy: each group is the G samples plus the greedy reply (member G + 1, the reply the game
+        plays on with), scored like the samples; the sampled-reply statistics still count only the G samples."""
+        model, tok = tiny_policy(0)
+        from wordle_mlx.game.rewards import RewardWeights, Rewards
+        from wordle_mlx.game.words import answers, guess_list
+        from wordle_mlx.llm.rollout import GameSpec
+
+        rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
+        rewards = Rewards(RewardWeights(early=1.2), answers())
+        specs = [GameSpec("crane"), GameSpec("pious", ["slate"])]
+        allowed = frozenset(guess_list())
+        out = grpo_step.rollout_turn_mode(model, tok, specs, 4, rcfg, allowed, rewards,
+                                          BatchedGenerator(model, tok), continue_with="greedy", train_greedy=True)
+        played = [t for ep in out.episodes for t in ep.turns]
+        self.assertEqual(len(out.items), 5 * len(played))
+        self.assertEqual(len(out.replies), 4 * len(played))
+        members = {}
+        for item in out.items:
+            members.setdefault(item.group, []).append(item)
+        self.assertEqual(sorted(len(m) for m in members.values()), [5] * len(played))
+        greedy_members = {(tuple(m[-1].sequences[0].tokens)) for m in members.values()}
+        self.assertEqual(greedy_members, {tuple(t.prompt_tokens + t.completion_tokens) for t in played})
+        for m in members.values():
+            seq = m[-1].sequences[0]
+            self.assertEqual(len(seq.logprobs), len(seq.tokens))
+            self.assertTrue(all(math.isfinite(x) and x <= 0 for x in seq.logprobs))
+        with self.assertRaises(ValueError):
+            grpo_step.rollout_turn_mode(model, tok, specs, 4, rcfg, allowed, rewards, BatchedGenerator(model, tok),
+                                        continue_with="best", train_greedy=True)
+
+    def test_train_greedy_config_needs_turn_mode_with_greedy_continuation(self):
+        with self.assertRaisesRegex(UserError, "x.json.*rl.*train_greedy needs mode 'turn' and turn_continue 'greedy'"):
+            validate_config({"rl": {"mode": "turn", "turn_continue": "best", "train_greedy": True}},
+                            stage.GRPOConfig, "x.json")
+        ok = validate_config({"rl": {"mode": "turn", "turn_continue": "greedy", "train_greedy": True}},
+                             stage.GRPOConfig, "x.json")
+        self.assertTrue(ok.rl.train_greedy)
 
 if __name__ == "__main__":
     unittest.main()

@@ -284,6 +284,29 @@ class TestTinyModelRollouts(unittest.TestCase):
         with self.assertRaises(ValueError):
             one_batch(prompts, cfg, greedy=[True])
 
+    def test_greedy_rows_can_carry_sampling_temperature_logprobs(self):
+        """With greedy_logprobs_at_temperature the greedy row keeps its argmax tokens but records
+        log_softmax(logits / T) at them, as a teacher-forced recomputation at T gives; another backend
+        cannot when T != 1."""
+        from wordle_mlx.game.state import GameState
+        from wordle_mlx.llm.rollout import sample_replies_and_greedy
+        model, tok = tiny()
+        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.5, seed=1)
+        prompts = [prompt_token_ids(tok, cfg, GameState("crane")), prompt_token_ids(tok, cfg, GameState("crane", ["slate"]))]
+        _, at_one = sample_replies_and_greedy(model, tok, prompts, 3, cfg, BatchedGenerator(model, tok))
+        _, at_t = sample_replies_and_greedy(model, tok, prompts, 3, cfg, BatchedGenerator(model, tok),
+                                            greedy_logprobs_at_temperature=True)
+        for p, one, got in zip(prompts, at_one, at_t):
+            self.assertEqual(got.tokens, one.tokens)
+            logits = model(mx.array(list(p) + got.tokens)[None])[0]
+            again = policy_logprobs(logits[len(p) - 1:-1], mx.array(got.tokens), 0.5).tolist()
+            for x, y, z in zip(got.logprobs, again, one.logprobs):
+                self.assertAlmostEqual(x, y, delta=2e-3)
+            self.assertGreater(max(abs(x - z) for x, z in zip(got.logprobs, one.logprobs)), 1e-3)
+        scripted = Scripted(tok, [["<guess>crane</guess>"] * 8, ["<guess>slate</guess>"] * 2])
+        with self.assertRaises(ValueError):
+            sample_replies_and_greedy(model, tok, prompts, 4, cfg, scripted, greedy_logprobs_at_temperature=True)
+
 
 class TestGemma270M(unittest.TestCase):
     def test_two_games_structure(self):

@@ -203,10 +203,13 @@ class BatchedGenerator:
 
     # -- generation -----------------------------------------------------------------------------------
     def __call__(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig,
-                 greedy: Sequence[bool] | None = None) -> list[Completion]:
+                 greedy: Sequence[bool] | None = None, greedy_logprobs_at_temperature: bool = False
+                 ) -> list[Completion]:
         """One completion per prompt, sampled with `cfg`; where `greedy[i]` is true, prompt i is decoded
         greedily instead (in the same batch, so a prompt repeated for G samples and one greedy reply is
-        prefilled once; its log-probs then follow the greedy convention, T = 1)."""
+        prefilled once; its log-probs then follow the greedy convention, T = 1, or with
+        `greedy_logprobs_at_temperature` the sampling temperature's, so the reply can be trained on beside
+        the samples)."""
         import mlx.core as mx
         from mlx_lm.generate import BatchGenerator
 
@@ -249,7 +252,7 @@ class BatchedGenerator:
                 picked = mx.array([r.token for r in responses])
                 raw = mx.take_along_axis(rows, picked[:, None], axis=-1)[:, 0]  # rows are log_softmax(logits)
                 values = (policy_logprobs(rows, picked, temperature) if temperature != 1.0 else raw).tolist()
-                if samplers is not None and temperature != 1.0:
+                if samplers is not None and temperature != 1.0 and not greedy_logprobs_at_temperature:
                     raw = raw.tolist()
                     values = [raw[k] if index[r.uid] in greedy_rows else v
                               for k, (r, v) in enumerate(zip(responses, values))]

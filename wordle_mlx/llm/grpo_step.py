@@ -9,8 +9,9 @@ same state (`rollout.sample_replies`, all B x G in one batch), each scored with 
 best-scoring valid reply (the best reply of any kind if none is valid), or with `continue_with="sampled"`
 with the first of the G replies: they are independent draws, so that is one on-policy sample and the
 later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
-policy's own temperature-0 reply (a greedy row in the same batch, not trained on), so the boards, error
-messages included, are the ones greedy evaluation reaches. The result is a list of `ScoredItem`s: the reply
+policy's own temperature-0 reply (a greedy row in the same batch), so the boards, error messages
+included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
+member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a list of `ScoredItem`s: the reply
 sequences that share one reward, the group it is compared within, and its component values. `policy_update`
 computes group advantages, drops zero-variance groups (or, with `unplayable_advantage` < 0, gives a dead group
 that played no word that advantage), splits the rest into micro-batches (replies that share a prompt together,
@@ -31,8 +32,8 @@ from .episode import Episode, TokenSequence, Turn
 from .grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch, pack_shared_batch,
                         reference_logprobs, shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, parse_reply
-from .rollout import (GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids, sample_replies,
-                      sample_replies_and_greedy)
+from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids,
+                      sample_replies, sample_replies_and_greedy)
 
 
 @dataclass
@@ -100,19 +101,33 @@ CONTINUE_WITH = ("best", "sampled", "greedy")
 
 def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
                       allowed: Collection[str], rewards: Rewards, generate_fn,
-                      continue_with: str = "best") -> RolloutResult:
+                      continue_with: str = "best", train_greedy: bool = False) -> RolloutResult:
     if continue_with not in CONTINUE_WITH:
         raise ValueError(f"continue_with must be one of {', '.join(CONTINUE_WITH)}, got {continue_with!r}")
+    if train_greedy and continue_with != "greedy":
+        raise ValueError(f"train_greedy needs continue_with='greedy', got {continue_with!r}")
     start = time.perf_counter()
     allowed = allowed if isinstance(allowed, (set, frozenset)) else frozenset(allowed)
     games = [_start(GameSpec(p.secret, list(p.seeded_guesses), group=i), cfg) for i, p in enumerate(prompts)]
     items: list[ScoredItem] = []
     replies: list[Turn] = []
     group = 0
+
+    def score(state, prompt, c: Completion) -> tuple[ScoredItem, object]:
+        parsed = parse_reply(c.text, cfg.prompt.require_think, allowed)
+        kind = reply_kind(parsed.error)
+        facts = TurnFacts(state.secret, tuple(state.history()), kind,
+                          parsed.guess if kind is ReplyKind.VALID else None, len(c.tokens), cfg.max_tokens_per_turn)
+        values = rewards.turn_mode_values(facts)
+        seq = TokenSequence(list(prompt) + list(c.tokens), [0] * len(prompt) + [1] * len(c.tokens),
+                            [0.0] * len(prompt) + list(c.logprobs))
+        return ScoredItem([seq], group, rewards.total(values), values), parsed
+
     while active := [g for g in games if not g.done]:
         prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.last_error) for g in active]
         if continue_with == "greedy":      # the greedy reply decoded in the same batch as the G samples
-            samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn)
+            samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn,
+                                                        greedy_logprobs_at_temperature=train_greedy)
         else:
             samples = sample_replies(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn=generate_fn)
             greedy = [None] * len(active)
@@ -120,19 +135,13 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
             state = game.episode.state
             scored = []
             for c in completions:
-                parsed = parse_reply(c.text, cfg.prompt.require_think, allowed)
-                kind = reply_kind(parsed.error)
-                facts = TurnFacts(state.secret, tuple(state.history()), kind,
-                                  parsed.guess if kind is ReplyKind.VALID else None, len(c.tokens),
-                                  cfg.max_tokens_per_turn)
-                values = rewards.turn_mode_values(facts)
-                seq = TokenSequence(list(prompt) + list(c.tokens), [0] * len(prompt) + [1] * len(c.tokens),
-                                    [0.0] * len(prompt) + list(c.logprobs))
-                item = ScoredItem([seq], group, rewards.total(values), values)
+                item, parsed = score(state, prompt, c)
                 items.append(item)
-                scored.append((kind is ReplyKind.VALID, item.reward, c))
+                scored.append((parsed.error is None, item.reward, c))
                 replies.append(Turn(list(prompt), list(c.tokens), list(c.logprobs), c.text, parsed.guess,
                                     parsed.error, finish_reason=c.finish_reason))
+            if train_greedy:               # the greedy reply joins its group as member G + 1
+                items.append(score(state, prompt, greedy_reply)[0])
             group += 1
             if continue_with == "best":
                 chosen = scored[max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))][2]

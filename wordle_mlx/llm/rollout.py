@@ -100,18 +100,23 @@ def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]],
 
 
 def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
-                              cfg: SamplingConfig, generate_fn: GenerateFn | None = None
+                              cfg: SamplingConfig, generate_fn: GenerateFn | None = None,
+                              greedy_logprobs_at_temperature: bool = False
                               ) -> tuple[list[list[Completion]], list[Completion]]:
     """`sample_replies` plus each prompt's greedy reply. With the MLX backend both come from one batch (the
-    greedy row shares its prompt's prefill with the G samples); another backend is called twice."""
+    greedy row shares its prompt's prefill with the G samples); another backend is called twice. The greedy
+    reply's log-probs are at T = 1, or with `greedy_logprobs_at_temperature` at the sampling temperature (so
+    it can be trained on beside the samples; another backend can do that only when T is 1)."""
     generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
     if not isinstance(generate, BatchedGenerator):
+        if greedy_logprobs_at_temperature and policy_logprob_temperature(cfg) != 1.0:
+            raise ValueError("greedy log-probs at the sampling temperature need the MLX backend when T != 1")
         greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
         return (sample_replies(model, tokenizer, prompts_token_ids, n_per_prompt, cfg, generate),
                 [r[0] for r in sample_replies(model, tokenizer, prompts_token_ids, 1, greedy_cfg, generate)])
     flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt + 1)]
     flags = ([False] * n_per_prompt + [True]) * len(prompts_token_ids)
-    out = generate(flat, cfg, greedy=flags)
+    out = generate(flat, cfg, greedy=flags, greedy_logprobs_at_temperature=greedy_logprobs_at_temperature)
     step = n_per_prompt + 1
     return ([out[i * step:i * step + n_per_prompt] for i in range(len(prompts_token_ids))],
             [out[i * step + n_per_prompt] for i in range(len(prompts_token_ids))])

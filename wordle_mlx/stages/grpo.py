@@ -229,8 +229,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
         cfg.grpo.averaging, cfg.grpo.advantage == "normalized", cfg.grpo.unplayable_advantage, t.max_grad_norm,
         t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch, reference_weights=start_weights)
-    rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue) if rl.mode == "turn"
-               else grpo_step.rollout_episode_mode)
+    rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy)
+               if rl.mode == "turn" else grpo_step.rollout_episode_mode)
 
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
     step = 0

@@ -61,8 +61,18 @@ class RLSection(StrictModel):
     turn_continue: Literal["best", "sampled", "greedy"] = Field(
         "best", description="Turn mode: play on with the best-scoring of the G replies, with one sampled reply, or "
         "with the policy's greedy reply (one more decode per turn; the boards are the ones greedy eval reaches).")
+    train_greedy: bool = Field(False, description=(
+        "Turn mode with turn_continue 'greedy': the greedy reply also joins its group as member G + 1 and is "
+        "trained on, so each update pushes the reply greedy play gives up or down."))
     completion_batch_size: int = Field(64, ge=1)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
+
+    @model_validator(mode="after")
+    def _check_train_greedy(self) -> "RLSection":
+        if self.train_greedy and (self.mode, self.turn_continue) != ("turn", "greedy"):
+            raise ValueError(f"train_greedy needs mode 'turn' and turn_continue 'greedy', got mode {self.mode!r} "
+                             f"and turn_continue {self.turn_continue!r}")
+        return self
 
 
 class PromptsSection(StrictModel):

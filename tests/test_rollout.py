@@ -292,7 +292,8 @@ class TestTinyModelRollouts(unittest.TestCase):
         from wordle_mlx.llm.rollout import sample_replies_and_greedy
         model, tok = tiny()
         cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.5, seed=1)
-        prompts = [prompt_token_ids(tok, cfg, GameState("crane")), prompt_token_ids(tok, cfg, GameState("crane", ["slate"]))]
+        prompts = [prompt_token_ids(tok, cfg, GameState("crane")),
+                   prompt_token_ids(tok, cfg, GameState("crane", ["slate"]))]
         _, at_one = sample_replies_and_greedy(model, tok, prompts, 3, cfg, BatchedGenerator(model, tok))
         _, at_t = sample_replies_and_greedy(model, tok, prompts, 3, cfg, BatchedGenerator(model, tok),
                                             greedy_logprobs_at_temperature=True)

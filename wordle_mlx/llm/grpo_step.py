@@ -11,8 +11,9 @@ with the first of the G replies: they are independent draws, so that is one on-p
 later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
 policy's own temperature-0 reply (a greedy row in the same batch), so the boards, error messages
 included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
-member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a list of `ScoredItem`s: the reply
-sequences that share one reward, the group it is compared within, and its component values. `policy_update`
+member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a
+list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
+component values. `policy_update`
 computes group advantages, drops zero-variance groups (or, with `unplayable_advantage` < 0, gives a dead group
 that played no word that advantage), splits the rest into micro-batches (replies that share a prompt together,
 the prompt run once; the others of at most `max_tokens` padded tokens), accumulates gradients of `grpo_loss`,

@@ -518,6 +518,7 @@ class Stage(unittest.TestCase):
                              stage.GRPOConfig, "x.json")
         self.assertTrue(ok.rl.train_greedy)
 
+
 if __name__ == "__main__":
     unittest.main()
 

@@ -13,11 +13,11 @@ policy's own temperature-0 reply (a greedy row in the same batch), so the boards
 included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
 member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
-component values. `policy_update`
-computes group advantages, drops zero-variance groups (or, with `unplayable_advantage` < 0, gives a dead group
-that played no word that advantage), splits the rest into micro-batches (replies that share a prompt together,
-the prompt run once; the others of at most `max_tokens` padded tokens), accumulates gradients of `grpo_loss`,
-clips them, and applies the optimizer only when the loss and gradient norm are finite.
+component values. `policy_update` computes group advantages, drops zero-variance groups (or, with
+`unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the rest into
+micro-batches (replies that share a prompt together, the prompt run once; the others of at most `max_tokens`
+padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only when the loss
+and gradient norm are finite.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..game.rewards import COMPONENTS, ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
 from .grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch, pack_shared_batch,
                         reference_logprobs, shared_prompt_groups, split_batch)
-from .prompts import FORMAT_ERRORS, NOT_A_WORD, parse_reply
+from .prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
 from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids,
                       sample_replies, sample_replies_and_greedy)
 
@@ -114,7 +114,7 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
     replies: list[Turn] = []
     group = 0
 
-    def score(state, prompt, c: Completion) -> tuple[ScoredItem, object]:
+    def score(state, prompt, c: Completion) -> tuple[ScoredItem, ParsedReply]:
         parsed = parse_reply(c.text, cfg.prompt.require_think, allowed)
         kind = reply_kind(parsed.error)
         facts = TurnFacts(state.secret, tuple(state.history()), kind,

@@ -128,6 +128,19 @@ class ChoiceLabelTest(unittest.TestCase):
         for r in retries:
             self.assertIn("Try again.", r["messages"][1]["content"])
 
+    def test_a_given_opener_starts_every_game_and_is_not_scored(self):
+        secrets = split_answers()["train"][10:14]
+        labeler = choice.ChoiceLabeler(self.model, self.tok, self.solver, PROMPT, chunk=16, opener="crane")
+        self.assertEqual(labeler.label([]), ("crane", len(self.solver.table.answers), None))
+        self.assertEqual(labeler.scored_replies, 0)
+        examples, traffic, games = choice.self_play(secrets, labeler)
+        self.assertTrue(all(g[0] == "crane" for g in games))
+        # later boards are still labelled by the model's scores, as without an opener
+        for secret, guesses in zip(secrets, games):
+            if len(guesses) > 1 and "crane" != secret:
+                history = [("crane", feedback("crane", secret))]
+                self.assertEqual(guesses[1], self.labeler.label(history)[0])
+
 
 class ChoiceRunTest(unittest.TestCase):
     def test_run_writes_checked_data_from_train_and_valid_secrets_only(self):
@@ -156,6 +169,18 @@ class ChoiceRunTest(unittest.TestCase):
             with self.assertRaisesRegex(UserError, "require_think false"):
                 choice.run(cfg)
             self.assertFalse((Path(tmp) / "out").exists())
+
+    def test_an_opener_that_is_not_an_answer_is_a_one_line_config_error(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for word, why in (("zzzzz", "not in the answer list"), ("cran", "has 4 letters")):
+                path = Path(tmp) / "choice.json"
+                path.write_text(json.dumps({"out": "out", "opener": word}))
+                with self.assertRaises(UserError) as err:
+                    load_config(path, choice.ChoiceConfig)
+                message = str(err.exception)
+                self.assertNotIn("\n", message)
+                for part in (str(path), "opener", word, why):
+                    self.assertIn(part, message)
 
 
 if __name__ == "__main__":

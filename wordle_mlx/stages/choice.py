@@ -6,7 +6,8 @@ point of view, and a 270M model on a CPU budget does not fit them: session 9's D
 play with consistent answers wins nearly every game), so this stage keeps the rule and changes the label:
 on each board the target is the candidate answer (the answers consistent with the feedback, as the teacher
 uses) to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run
-once per board). The boards are those of self-play with that rule from the empty board over the split's
+once per board). Optionally the empty board's label is a given `opener` (e.g. the teacher's), since it
+decides every game's tree and a weak labeller's favourite can be a poor first guess. The boards are those of self-play with that rule from the empty board over the split's
 secrets (train for train, valid for valid, never test), so the data follows the path the model will take
 once it plays its labels. This is rejection-sampling fine-tuning (expert iteration) with the samples
 replaced by exact scores of every fitting answer. Each distinct example appears min(traffic, `traffic_cap`)
@@ -22,7 +23,7 @@ import random
 import time
 from collections import Counter
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..config import StrictModel, resolve_path
 from ..errors import UserError
@@ -30,6 +31,7 @@ from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
+from ..game.words import answers, check_word
 from ..llm.prompts import PromptConfig, build_messages, choose_prompt, format_reply
 from ..progress import console, progress_bar
 from .dagger import secrets_for
@@ -48,17 +50,33 @@ class ChoiceConfig(StrictModel):
     retry_fraction: float = Field(0.1, ge=0, le=1, description="Share of distinct examples that also appear once "
                                   "after a made-up invalid reply.")
     prompt: PromptConfig | None = Field(None, description="Prompt settings (None: the adapter's, else the default).")
+    opener: str | None = Field(None, description="Label of the empty board, so every game's first guess (an answer "
+                               "word); None: the fitting answer the model scores highest, as on every other board.")
     score_chunk: int = Field(32, ge=1, description="Candidate replies scored per forward pass.")
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Which secrets are played and the retry examples.")
     progress: bool = True
 
+    @field_validator("opener")
+    @classmethod
+    def _opener_is_an_answer(cls, word: str | None) -> str | None:
+        if word is not None:
+            problem = check_word(word)
+            if problem is None and word not in answers():
+                problem = f"{word!r} is not in the answer list (the empty board's label must be a fitting answer)"
+            if problem:
+                raise ValueError(problem)
+        return word
+
 
 class ChoiceLabeler:
-    """The label for a board: its only candidate, or the candidate reply the model scores highest (memoised)."""
+    """The label for a board: its only candidate, the fixed opener on the empty board when one is given, or the
+    candidate reply the model scores highest (memoised)."""
 
-    def __init__(self, model, tokenizer, solver: Solver, prompt: PromptConfig, chunk: int):
+    def __init__(self, model, tokenizer, solver: Solver, prompt: PromptConfig, chunk: int, opener: str | None = None):
         self.model, self.tokenizer, self.solver, self.prompt, self.chunk = model, tokenizer, solver, prompt, chunk
         self.memo: dict[tuple, tuple[str, int, float | None]] = {}
+        if opener is not None:
+            self.memo[()] = (opener, len(solver.table.answers), None)
         self.scored_replies = 0
 
     def messages(self, history: list[tuple[str, str]], last_error=None) -> list[dict]:
@@ -68,7 +86,8 @@ class ChoiceLabeler:
         return format_reply(None, word, False, self.prompt.guess_format)
 
     def label(self, history: list[tuple[str, str]]) -> tuple[str, int, float | None]:
-        """(word, number of candidates, its log-probability or None when it was the only candidate)."""
+        """(word, number of candidates, its log-probability or None when it was not scored: the only candidate,
+        or the given opener)."""
         key = tuple(history)
         if key not in self.memo:
             cols = self.solver.candidate_columns(list(history))
@@ -143,11 +162,11 @@ def run(cfg: ChoiceConfig) -> dict:
     splits = split_answers(solver.table.answers)
     model, tokenizer = load_model(cfg.model, adapter_path=adapter, dtype=cfg.dtype)
     model.eval()
-    labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk)
+    labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener)
     teacher_memo: dict[tuple, str] = {}
 
     data, stats = {}, {"model": cfg.model, "adapter": cfg.adapter, "seed": cfg.seed, "prompt": prompt.model_dump(),
-                       "traffic_cap": cfg.traffic_cap, "retry_fraction": cfg.retry_fraction}
+                       "traffic_cap": cfg.traffic_cap, "retry_fraction": cfg.retry_fraction, "opener": cfg.opener}
     for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games)):
         secrets = secrets_for(splits[split], n or len(splits[split]), cfg.seed, split)
         assert not set(secrets) & set(splits["test"]), "choice secrets overlap the test split"

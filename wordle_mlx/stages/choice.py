@@ -7,9 +7,9 @@ play with consistent answers wins nearly every game), so this stage keeps the ru
 on each board the target is the candidate answer (the answers consistent with the feedback, as the teacher
 uses) to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run
 once per board). Optionally the empty board's label is a given `opener` (e.g. the teacher's), since it
-decides every game's tree and a weak labeller's favourite can be a poor first guess. The boards are those of self-play with that rule from the empty board over the split's
-secrets (train for train, valid for valid, never test), so the data follows the path the model will take
-once it plays its labels. This is rejection-sampling fine-tuning (expert iteration) with the samples
+decides every game's tree and a weak labeller's favourite can be a poor first guess. The boards are those
+of self-play with that rule from the empty board over the split's secrets (train for train, valid for
+valid, never test), so the data follows the path the model will take once it plays its labels. This is rejection-sampling fine-tuning (expert iteration) with the samples
 replaced by exact scores of every fitting answer. Each distinct example appears min(traffic, `traffic_cap`)
 times (traffic: how many secrets' games pass through it), and `retry_fraction` of them get one more copy
 whose prompt reports a made-up invalid previous reply, as `data` does. Records use `data`'s chat JSONL

@@ -16,13 +16,13 @@ from .words import check_word
 MAX_GUESSES = 6
 
 
-def check_guess(word: str, allowed: Collection[str]) -> str | None:
-    """Why `word` cannot be played, or None when it can."""
+def check_guess(word: str, allowed: Collection[str], list_name: str = "allowed word list") -> str | None:
+    """Why `word` cannot be played (or is not in `allowed`, called `list_name`), or None when it can."""
     problem = check_word(word)
     if problem:
         return problem
     if word not in allowed:
-        return f"{word!r} is not in the allowed word list"
+        return f"{word!r} is not in the {list_name}"
     return None
 
 

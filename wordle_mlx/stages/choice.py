@@ -31,8 +31,8 @@ from ..errors import UserError
 from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.splits import split_answers
-from ..game.state import MAX_GUESSES
-from ..game.words import answers, check_word
+from ..game.state import MAX_GUESSES, check_guess
+from ..game.words import answers
 from ..llm.prompts import PromptConfig, build_messages, choose_prompt, format_reply
 from ..progress import console, progress_bar
 from .dagger import secrets_for
@@ -60,12 +60,9 @@ class ChoiceConfig(StrictModel):
     @field_validator("opener")
     @classmethod
     def _opener_is_an_answer(cls, word: str | None) -> str | None:
-        if word is not None:
-            problem = check_word(word)
-            if problem is None and word not in answers():
-                problem = f"{word!r} is not in the answer list (the empty board's label must be a fitting answer)"
-            if problem:
-                raise ValueError(problem)
+        problem = None if word is None else check_guess(word, answers(), "answer list")
+        if problem:
+            raise ValueError(f"{problem} (the empty board's label must be a fitting answer)")
         return word
 
 

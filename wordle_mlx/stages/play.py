@@ -23,7 +23,7 @@ from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.state import GameState, check_guess
 from ..game.tiles import tiles
-from ..game.words import answers, check_word, guess_list
+from ..game.words import answers, guess_list
 from ..llm.prompts import error_message
 from ..llm.rollout import GameSpec, RolloutConfig, play_games, prompt_token_ids, sample_replies
 from ..progress import console
@@ -44,11 +44,9 @@ def pick_secret(cfg: PlayConfig) -> str:
     if cfg.secret is None:
         return random.Random(cfg.seed).choice(split_words("test"))
     word = cfg.secret.strip().lower()
-    problem = check_word(word)
+    problem = check_guess(word, answers(), "answer list")
     if problem:
         raise UserError(f"--secret: {problem}")
-    if word not in answers():
-        raise UserError(f"--secret: {word!r} is not in the answer list")
     return word
 
 

@@ -510,6 +510,34 @@ class Stage(unittest.TestCase):
             grpo_step.rollout_turn_mode(model, tok, specs, 4, rcfg, allowed, rewards, BatchedGenerator(model, tok),
                                         continue_with="best", train_greedy=True)
 
+    def test_sgd_moves_the_weights_by_the_learning_rate_times_the_clipped_gradient(self):
+        """optimizer 'sgd': one step moves the LoRA weights by exactly lr * min(grad_norm, max_grad_norm), in norm
+        (AdamW would move every weight by about lr); its momentum state is checkpointed like AdamW's moments."""
+        cfg = stage_config(self.tmp.name, steps=1, optimizer="sgd", momentum=0.5, learning_rate=0.05,
+                           min_learning_rate=0.05, max_grad_norm=0.5, checkpoint_every=1)
+        mx.random.seed(cfg.training.seed)
+        start = dict(tree_flatten(stage.load_policy(cfg)[0].trainable_parameters()))
+        with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+            stage.run(cfg)
+        run_dir = Path(self.tmp.name) / "run"
+        (rec,) = train_records(run_dir)
+        self.assertGreater(rec["grad_norm"], 0.0)
+        after = mx.load(str(run_dir / "adapters" / "adapters.safetensors"))
+        moved = math.sqrt(sum(float(((after[k] - start[k]) ** 2).sum()) for k in start))
+        self.assertAlmostEqual(moved, 0.05 * min(rec["grad_norm"], 0.5), places=5)
+        state = mx.load(str(run_dir / "checkpoints" / "step_000001" / "optimizer.safetensors"))
+        self.assertEqual({k.rsplit(".", 1)[1] for k in state if k != "step" and k != "learning_rate"}, {"v"})
+        self.assertIsInstance(stage.make_optimizer(cfg)[0], optim.SGD)
+
+    def test_momentum_is_an_sgd_setting(self):
+        with self.assertRaisesRegex(UserError, "x.json.*training.*momentum is for optimizer 'sgd', got optimizer "
+                                               "'adamw'"):
+            validate_config({"training": {"momentum": 0.9}}, stage.GRPOConfig, "x.json")
+        with self.assertRaisesRegex(UserError, "x.json.*training.optimizer.*'adam'"):
+            validate_config({"training": {"optimizer": "adam"}}, stage.GRPOConfig, "x.json")
+        ok = validate_config({"training": {"optimizer": "sgd", "momentum": 0.9}}, stage.GRPOConfig, "x.json")
+        self.assertEqual((ok.training.optimizer, ok.training.momentum), ("sgd", 0.9))
+
     def test_train_greedy_config_needs_turn_mode_with_greedy_continuation(self):
         with self.assertRaisesRegex(UserError, "x.json.*rl.*train_greedy needs mode 'turn' and turn_continue 'greedy'"):
             validate_config({"rl": {"mode": "turn", "turn_continue": "best", "train_greedy": True}},

@@ -154,6 +154,8 @@ def make_optimizer(cfg: GRPOConfig):
     decay = optim.cosine_decay(t.learning_rate, max(1, t.steps - t.warmup_steps), t.min_learning_rate)
     schedule = decay if t.warmup_steps == 0 else optim.join_schedules(
         [optim.linear_schedule(0.0, t.learning_rate, t.warmup_steps), decay], [t.warmup_steps])
+    if t.optimizer == "sgd":
+        return optim.SGD(learning_rate=schedule, momentum=t.momentum, weight_decay=t.weight_decay), schedule
     return optim.AdamW(learning_rate=schedule, weight_decay=t.weight_decay), schedule
 
 

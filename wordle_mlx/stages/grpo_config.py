@@ -40,6 +40,10 @@ class TrainingSection(StrictModel):
     learning_rate: float = Field(1e-5, gt=0)
     warmup_steps: int = Field(0, ge=0)
     min_learning_rate: float = Field(0.0, ge=0)
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description=(
+        "adamw moves every weight by about the learning rate; sgd moves each weight in proportion to its (clipped) "
+        "gradient, so with max_grad_norm the whole update's norm is at most learning_rate."))
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd only: heavy-ball momentum.")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")
     max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
@@ -48,6 +52,13 @@ class TrainingSection(StrictModel):
     keep_checkpoints: int = Field(3, ge=1)
     max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
     seed: int = Field(0, ge=0, lt=2 ** 32)
+
+    @model_validator(mode="after")
+    def _check_momentum(self) -> "TrainingSection":
+        if self.momentum and self.optimizer != "sgd":
+            raise ValueError(f"momentum is for optimizer 'sgd', got optimizer {self.optimizer!r} and momentum "
+                             f"{self.momentum}")
+        return self
 
 
 class RLSection(StrictModel):

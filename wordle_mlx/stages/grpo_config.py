@@ -1,11 +1,11 @@
 """The `wordle-mlx train` (GRPO) configuration: strict pydantic sections loaded from `config/grpo*.json`.
 
-One section per concern: `model` (base model and an optional SFT adapter to continue), `lora` (layout of
-fresh LoRA layers), `training` (steps, B prompts per step, schedule, micro-batch sizes, checkpoints),
+One section per concern: `model` (base model and an optional SFT adapter to continue), `lora` (layout of fresh
+LoRA layers), `training` (steps, B prompts per step, optimizer and schedule, micro-batch sizes, checkpoints),
 `rl` (episode or turn mode, G, sampling, game rules, prompt format), `grpo` (clipping, KL, averaging,
 advantages), `reward` (`game/rewards.py` weights, checked against the mode's invariant when the config is
-loaded), `prompts` (where the B boards come from) and `validation`. Every section forbids unknown keys,
-so a misspelt field is a one-line error naming the file and the field.
+loaded), `prompts` (where the B boards come from) and `validation`. Every section forbids unknown keys, so a
+misspelt field is a one-line error naming the file and the field.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class TrainingSection(StrictModel):
     warmup_steps: int = Field(0, ge=0)
     min_learning_rate: float = Field(0.0, ge=0)
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description=(
-        "adamw moves every weight by about the learning rate; sgd moves each weight in proportion to its (clipped) "
-        "gradient, so with max_grad_norm the whole update's norm is at most learning_rate."))
+        "adamw moves every weight by about the learning rate; sgd moves each weight in proportion to its clipped "
+        "gradient: without momentum a step's norm is learning_rate x min(grad norm, max_grad_norm)."))
     momentum: float = Field(0.0, ge=0, lt=1, description="sgd only: heavy-ball momentum.")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")

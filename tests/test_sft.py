@@ -81,6 +81,27 @@ class SFTTest(unittest.TestCase):
         full = loss_sum(self.model, shared.inputs, shared.positions, shared.targets, shared.weights, True, shared.prefix)
         self.assertAlmostEqual(full[0].item(), s1.item(), delta=1e-4 * abs(s1.item()))
 
+    def test_set_targets_score_the_total_probability_of_the_set(self):
+        seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:3], self.tokenizer, Path("x"))
+        tokens, offset = seqs[1]
+        sets = {offset + 1: [tokens[offset + 1], 7, 9], offset + 2: [tokens[offset + 2]]}   # a set, a singleton
+        with_sets = [seqs[0], (tokens, offset, sets), seqs[2]]
+        plain, batch = make_batch(seqs, pad_to=16), make_batch(with_sets, pad_to=16, share_prefix=True)
+        self.assertIsNone(plain.choices)
+        self.assertEqual(batch.choices.shape[1], 3)
+        logits = self.model(plain.inputs).reshape(-1, self.model.args.vocab_size)[plain.positions].astype(mx.float32)
+        logp = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        rows = [-logp[i, t] for i, t in enumerate(plain.targets.tolist())]
+        first = len(seqs[0][0]) - seqs[0][1] + 1     # after example 0's targets, example 1's second target
+        rows[first] = -np.log(np.exp(logp[first, [tokens[offset + 1], 7, 9]]).sum())
+        expected = float(np.dot(rows, np.array(plain.weights)))
+        total, count = loss_sum(self.model, batch.inputs, batch.positions, batch.targets, batch.weights, False,
+                                batch.prefix, batch.choices)
+        self.assertEqual(count.item(), plain.tokens)
+        self.assertAlmostEqual(total.item(), expected, delta=1e-4 * abs(expected))
+        self.assertLess(total.item(), loss_sum(self.model, plain.inputs, plain.positions, plain.targets,
+                                               plain.weights)[0].item())
+
     def test_matches_mlx_lm_default_loss_on_assistant_tokens(self):
         from mlx_lm.tuner.trainer import default_loss
         seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:3], self.tokenizer, Path("x"))

@@ -81,6 +81,25 @@ class GemmaConstraintTest(unittest.TestCase):
         self.assertIn(qword, set(WORDS))
         self.assertTrue(qword.startswith("q"))
 
+    def test_allowed_letter_targets_follow_the_trie_along_the_label(self):
+        from pathlib import Path
+
+        from wordle_mlx.stages.sft import tokenize
+
+        def record(word):
+            return {"messages": [{"role": "system", "content": "Wordle."}, {"role": "user", "content": "No clues yet."},
+                                 {"role": "assistant", "content": f"<guess> {' '.join(word)}</guess>"}]}
+
+        (tokens, offset, sets), = tokenize([record("crane")], self.tok, Path("x"), "allowed")
+        self.assertEqual(sorted(sets), list(range(min(sets), min(sets) + 5)))
+        for k, (index, ids) in enumerate(sorted(sets.items())):
+            self.assertGreater(index, offset)
+            self.assertEqual(self.template.letter_of[tokens[index]], "crane"[k])      # the label's own letter
+            self.assertEqual({self.template.letter_of[t] for t in ids}, set(self.trie["crane"[:k]]))
+        self.assertEqual(len(tokenize([record("crane")], self.tok, Path("x"))[0]), 2)  # 'label': no sets
+        with self.assertRaisesRegex(UserError, r"x: record 2: .*allowed guess.*c r a n x"):
+            tokenize([record("slate"), record("cranx")], self.tok, Path("x"), "allowed")
+
     def test_word_format_is_refused(self):
         model, tok = load_model("builtin:tiny-random")
         cfg = RolloutConfig(constrain=True, max_tokens_per_turn=4, prompt=PromptConfig(require_think=False))

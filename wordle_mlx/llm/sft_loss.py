@@ -11,7 +11,9 @@ the batch shares and that carries no target (for chat data: `<bos>`, the turn ma
 about a third of a compact-prompt example) becomes `batch.prefix`: it runs through the model once and every
 example's remaining tokens attend to its keys and values (`logits.shared_prefix_logits`, with gradients),
 which gives the same loss and gradient as the padded batch (tests/test_sft.py) for less work
-(benchmarks/sft_throughput.py).
+(benchmarks/sft_throughput.py). An example may also name, for some of its target positions, a *set* of
+acceptable tokens (a third tuple element `{token index: [token ids]}`, see `stages/sft.py`'s
+`letter_targets`): the loss there is -log of the total probability of the set, not of the one label token.
 """
 
 from __future__ import annotations
@@ -35,36 +37,40 @@ class SFTBatch:
     tokens: int           # number of real target tokens
     length: int           # total real tokens in the batch (prompt included), for throughput
     prefix: mx.array | None = None   # (C,) int32 tokens every example starts with; `inputs` holds what follows
+    choices: mx.array | None = None  # (P, K) int32 acceptable tokens per position (-1 = none), when any is a set
 
 
 def round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-def shared_start(seqs: Sequence[tuple[list[int], int]]) -> int:
+def shared_start(seqs: Sequence[tuple]) -> int:
     """How many leading input tokens all of `seqs` share, stopping before the first position with a target
     and leaving every example at least one input token of its own."""
-    limit = min(min(len(t) - 2, max(off - 1, 0)) for t, off in seqs)
+    limit = min(min(len(s[0]) - 2, max(s[1] - 1, 0)) for s in seqs)
     first = seqs[0][0]
     n = 0
-    while n < limit and all(t[n] == first[n] for t, _ in seqs):
+    while n < limit and all(s[0][n] == first[n] for s in seqs):
         n += 1
     return n
 
 
-def make_batch(sequences: Sequence[tuple[list[int], int]], pad_to: int = 32, max_length: int | None = None,
+def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | None = None,
                share_prefix: bool = False) -> SFTBatch:
-    """Arrays for a batch of (tokens, prompt_length); see the module docstring."""
-    seqs = [(list(t[:max_length]) if max_length else list(t), off) for t, off in sequences]
+    """Arrays for a batch of (tokens, prompt_length) or (tokens, prompt_length, {token index: acceptable
+    token ids}); see the module docstring."""
+    seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1], s[2] if len(s) > 2 else {})
+            for s in sequences]
     start = shared_start(seqs) if share_prefix else 0
-    width = round_up(max(len(t) - 1 - start for t, _ in seqs), pad_to)
+    width = round_up(max(len(t) - 1 - start for t, _, _ in seqs), pad_to)
     inputs = np.zeros((len(seqs), width), dtype=np.int32)
-    positions, targets = [], []
-    for b, (tokens, offset) in enumerate(seqs):
+    positions, targets, sets = [], [], []
+    for b, (tokens, offset, alternatives) in enumerate(seqs):
         inputs[b, : len(tokens) - 1 - start] = tokens[start:-1]
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
             positions.append(b * width + j - start)
             targets.append(tokens[j + 1])
+            sets.append(alternatives.get(j + 1, (tokens[j + 1],)))
     n = len(positions)
     if n == 0:
         raise ValueError("batch has no assistant tokens to train on")
@@ -73,9 +79,17 @@ def make_batch(sequences: Sequence[tuple[list[int], int]], pad_to: int = 32, max
     weights[:n] = 1.0
     positions += [0] * (padded - n)
     targets += [0] * (padded - n)
+    choices = None
+    if any(len(c) > 1 or c[0] != t for c, t in zip(sets, targets)):
+        choices = np.full((padded, max(len(c) for c in sets)), -1, dtype=np.int32)
+        for i, c in enumerate(sets):
+            choices[i, :len(c)] = c
+        choices[n:, 0] = 0                  # padding rows: any token (their weight is 0)
+        choices = mx.array(choices)
     return SFTBatch(mx.array(inputs), mx.array(np.array(positions, dtype=np.int32)),
                     mx.array(np.array(targets, dtype=np.int32)), mx.array(weights), n,
-                    sum(len(t) for t, _ in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None)
+                    sum(len(s[0]) for s in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None,
+                    choices)
 
 
 def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx.array, mx.array]:
@@ -86,8 +100,15 @@ def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx
     return full, (positions // width) * (width + c) + positions % width + c
 
 
-def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None):
-    """(summed cross-entropy over real targets, number of real targets). `prefix`: see `make_batch`."""
+def set_cross_entropy(logits: mx.array, choices: mx.array) -> mx.array:
+    """(P,) -log of the probability that the next token is any of `choices` (P, K) (-1 entries unused)."""
+    picked = mx.take_along_axis(logits, mx.maximum(choices, 0), axis=-1)
+    picked = mx.where(choices >= 0, picked, -mx.inf)
+    return mx.logsumexp(logits, axis=-1) - mx.logsumexp(picked, axis=-1)
+
+
+def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None, choices=None):
+    """(summed cross-entropy over real targets, number of real targets). `prefix`, `choices`: see `make_batch`."""
     if prefix is not None and (full_logits or not has_split_head(model)):
         inputs, positions = unshare(prefix, inputs, positions)
         prefix = None
@@ -96,11 +117,11 @@ def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = Fal
     else:
         gather = full_logits_at if full_logits else selected_logits
         logits = gather(model, inputs, positions).astype(mx.float32)
-    ce = nn.losses.cross_entropy(logits, targets) * weights
-    return ce.sum(), weights.sum()
+    ce = nn.losses.cross_entropy(logits, targets) if choices is None else set_cross_entropy(logits, choices)
+    return (ce * weights).sum(), weights.sum()
 
 
 def mean_loss(model, batch: SFTBatch, full_logits: bool = False) -> mx.array:
     total, count = loss_sum(model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits,
-                            batch.prefix)
+                            batch.prefix, batch.choices)
     return total / count

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -76,6 +77,11 @@ class SFTConfig(StrictModel):
     pad_to: int = Field(32, ge=1, description="Pad batch widths and target counts to multiples of this.")
     share_prefix: bool = Field(True, description="Run the start that all examples of a batch share (chat "
                                "markers, system line) once per batch: the same loss, less work.")
+    letter_targets: Literal["label", "allowed"] = Field(
+        "label", description="Letters-format data only. 'label': every letter of the guess is trained towards the "
+        "label's letter (plain cross-entropy). 'allowed': each letter is trained towards every letter that, after "
+        "the label's earlier letters, still begins an allowed guess (the 12,972-word list, never the answer list), "
+        "with loss -log of their total probability: it teaches spelling real words, not which word to play.")
     grad_checkpoint: bool = False
     valid_every: int = Field(50, ge=0)
     valid_batches: int = Field(0, ge=0, description="Validation batches per pass; 0 = all.")
@@ -94,16 +100,45 @@ def lr_schedule(cfg: SFTConfig):
     return optim.join_schedules([warmup, decay], [cfg.warmup_steps])
 
 
-def tokenize(records: list[dict], tokenizer, source: Path) -> list[tuple[list[int], int]]:
-    """(token ids of the whole chat, length of the prompt part) per record, as mlx-lm's ChatDataset does."""
+def tokenize(records: list[dict], tokenizer, source: Path, letter_targets: str = "label") -> list[tuple]:
+    """(token ids of the whole chat, length of the prompt part) per record, as mlx-lm's ChatDataset does;
+    with `letter_targets="allowed"` a third element maps each guess letter's token index to the letter
+    tokens that keep the guess on the way to an allowed word (`SFTConfig.letter_targets`)."""
     out = []
+    spelling = allowed_letter_tokens(tokenizer) if letter_targets == "allowed" else None
     for i, r in enumerate(records, start=1):
         full = tokenizer.apply_chat_template(r["messages"], return_dict=False)
         prompt = tokenizer.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, return_dict=False)
         if full[: len(prompt)] != prompt or len(full) <= len(prompt):
             raise UserError(f"{source}: record {i}: the chat template does not render the prompt as a prefix")
-        out.append((full, len(prompt)))
+        out.append((full, len(prompt)) if spelling is None else (full, len(prompt), spelling(full, len(prompt), source, i)))
     return out
+
+
+def allowed_letter_tokens(tokenizer):
+    """A function (tokens, prompt_length, source, record) -> {token index: acceptable letter token ids} for
+    the letters-format guess in the reply: at letter k, every letter that follows the label's first k letters
+    in some allowed guess."""
+    from ..game.words import guess_list
+    from ..llm.generation import end_token_ids
+    from ..llm.word_constraint import LettersTemplate, prefix_trie
+
+    template = LettersTemplate(tokenizer, min(end_token_ids(tokenizer)))
+    trie = prefix_trie(guess_list())
+    opening = list(template.open)
+
+    def sets(tokens: list[int], prompt_length: int, source: Path, record: int) -> dict[int, list[int]]:
+        reply = tokens[prompt_length:]
+        at = next((k for k in range(len(reply) - 7) if reply[k:k + 3] == opening), None)
+        letters = [template.letter_of.get(t) for t in reply[at + 3:at + 8]] if at is not None else []
+        word = "".join(c or "?" for c in letters)
+        if len(letters) != 5 or word[:4] not in trie or word[4] not in trie[word[:4]]:
+            raise UserError(f"{source}: record {record}: letter_targets 'allowed' needs a letters-format reply "
+                            f"spelling an allowed guess, got {tokenizer.decode(reply)!r}")
+        first = prompt_length + at + 3
+        return {first + k: [template.letter[c] for c in sorted(trie[word[:k]])] for k in range(5)}
+
+    return sets
 
 
 def make_batches(seqs: list[tuple[list[int], int]], cfg: SFTConfig, world=None) -> list[SFTBatch | None]:
@@ -131,7 +166,7 @@ def mean_gradient(model, loss_and_grad, batches: list[SFTBatch | None], world=No
     for b in batches:
         if b is None:                    # this rank has no example in a short last batch
             continue
-        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
+        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.choices)
         grads = g if grads is None else tree_map(mx.add, grads, g)
         mx.eval(grads, s, n)
         total, count, length = total + s.item(), count + n.item(), length + b.length
@@ -147,7 +182,7 @@ def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
     """Token-weighted validation loss; with several ranks, over every rank's batches."""
     total, count = 0.0, 0.0
     for b in batches:
-        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
+        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.choices)
         mx.eval(s, n)
         total, count = total + s.item(), count + n.item()
     if world is not None:
@@ -220,8 +255,12 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])
 
-    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), cfg, world)
-    valid_batches = make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), cfg) if valid_records else []
+    if cfg.letter_targets == "allowed" and prompt_cfg.guess_format != "letters":
+        raise UserError(f"{cfg.data}: letter_targets 'allowed' needs letters-format data (stats.json prompt.guess_format "
+                        f"is {prompt_cfg.guess_format!r})")
+    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl", cfg.letter_targets), cfg, world)
+    valid_batches = (make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl", cfg.letter_targets), cfg)
+                     if valid_records else [])
     if cfg.valid_batches and cfg.valid_batches < len(valid_batches):
         # batches are sorted by length: take them evenly across lengths, not just the shortest (empty boards)
         picks = np.unique(np.linspace(0, len(valid_batches) - 1, cfg.valid_batches).round().astype(int))

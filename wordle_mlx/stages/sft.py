@@ -125,7 +125,10 @@ def allowed_letter_tokens(tokenizer):
     from ..llm.generation import end_token_ids
     from ..llm.word_constraint import LettersTemplate, prefix_trie
 
-    template = LettersTemplate(tokenizer, min(end_token_ids(tokenizer)))
+    try:
+        template = LettersTemplate(tokenizer, min(end_token_ids(tokenizer)))
+    except UserError as e:
+        raise UserError(f"letter_targets 'allowed': {str(e).removeprefix('--constrain: ')}") from None
     trie = prefix_trie(guess_list())
     opening = list(template.open)
 
@@ -143,7 +146,7 @@ def allowed_letter_tokens(tokenizer):
     return sets
 
 
-def make_batches(seqs: list[tuple[list[int], int]], cfg: SFTConfig, world=None) -> list[SFTBatch | None]:
+def make_batches(seqs: list[tuple], cfg: SFTConfig, world=None) -> list[SFTBatch | None]:
     """Length buckets: examples sorted by length, cut into batches of `batch_size` (the last may be smaller).
     With several ranks each global batch is split: a rank keeps its examples rank, rank + size, ... of it
     (None when a short last batch leaves it none)."""

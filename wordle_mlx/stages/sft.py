@@ -82,8 +82,8 @@ class SFTConfig(StrictModel):
         "label's letter (plain cross-entropy). 'allowed': each letter is trained towards every letter that, after "
         "the label's earlier letters, still begins an allowed guess (the 12,972-word list, never the answer list), "
         "with loss -log of their total probability: it rewards spelling real words, not which word to play. Measured "
-        "(docs/RESULTS.md, session 24): from the shipped adapter it broke greedy play in 80 steps (45 -> 2 / 200 "
-        "wins), since nothing then holds the model's choice among real words.")
+        "(docs/RESULTS.md, session 24): from the shipped adapter it broke greedy play within 40 steps (45 -> 0 / "
+        "200 wins), since nothing then holds the model's choice among real words.")
     grad_checkpoint: bool = False
     valid_every: int = Field(50, ge=0)
     valid_batches: int = Field(0, ge=0, description="Validation batches per pass; 0 = all.")

@@ -70,7 +70,7 @@ def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | N
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
             positions.append(b * width + j - start)
             targets.append(tokens[j + 1])
-            sets.append(alternatives.get(j + 1, (tokens[j + 1],)))
+            sets.append(alternatives.get(j + 1, (tokens[j + 1],)))   # a set, or just the label token
     n = len(positions)
     if n == 0:
         raise ValueError("batch has no assistant tokens to train on")
@@ -80,7 +80,7 @@ def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | N
     positions += [0] * (padded - n)
     targets += [0] * (padded - n)
     choices = None
-    if any(len(c) > 1 or c[0] != t for c, t in zip(sets, targets)):
+    if any(alternatives for _, _, alternatives in seqs):
         choices = np.full((padded, max(len(c) for c in sets)), -1, dtype=np.int32)
         for i, c in enumerate(sets):
             choices[i, :len(c)] = c

@@ -21,7 +21,6 @@ from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
 def main() -> None:
     reexec_with_openblas()
     from wordle_mlx.game.words import guess_list
-    from wordle_mlx.llm import lora
     from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
     from wordle_mlx.llm.models import load_model
     from wordle_mlx.llm.prompts import parse_reply
@@ -38,10 +37,7 @@ def main() -> None:
     allowed = frozenset(guess_list())
     for adapter in adapters:
         cfg = json.loads((Path(adapter) / "adapter_config.json").read_text())
-        model, tok = load_model(cfg.get("base_model", "builtin:gemma-3-270m"))
-        lora.apply_lora(model, cfg["num_layers"], cfg["lora_parameters"])
-        lora.load_adapter_weights(model, adapter)
-        model.eval()
+        model, tok = load_model(cfg.get("base_model", "builtin:gemma-3-270m"), adapter_path=adapter)
         prompts = [tok.apply_chat_template(r["messages"][:-1], add_generation_prompt=True) for r in records]
         gen, sampling = BatchedGenerator(model, tok), SamplingConfig(temperature=0.0, max_tokens_per_turn=16)
         replies = [c for i in range(0, len(prompts), 64) for c in gen(prompts[i:i + 64], sampling)]

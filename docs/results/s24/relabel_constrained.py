@@ -29,16 +29,12 @@ def main() -> None:
     from wordle_mlx.game.words import guess_list
     from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
     from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm import lora
     from wordle_mlx.llm.prompts import format_reply, parse_reply
     from wordle_mlx.stages.data import read_sft_jsonl
 
     adapter, src, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     cfg = json.loads((adapter / "adapter_config.json").read_text())
-    model, tok = load_model(cfg.get("base_model", "builtin:gemma-3-270m"))
-    lora.apply_lora(model, cfg["num_layers"], cfg["lora_parameters"])
-    lora.load_adapter_weights(model, adapter)
-    model.eval()
+    model, tok = load_model(cfg.get("base_model", "builtin:gemma-3-270m"), adapter_path=adapter)
     allowed = frozenset(guess_list())
     gen = BatchedGenerator(model, tok, constraint_words=allowed)
     sampling = SamplingConfig(temperature=0.0, max_tokens_per_turn=16)

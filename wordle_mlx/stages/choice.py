@@ -13,7 +13,10 @@ data follows the path the model will take once it plays its labels. This is reje
 (expert iteration) with the samples replaced by exact scores of every fitting answer. Each distinct example
 appears min(traffic, `traffic_cap`) times (traffic: how many secrets' games pass through it), and
 `retry_fraction` of them get one more copy whose prompt reports a made-up invalid previous reply, as `data`
-does. Records use `data`'s chat JSONL schema (meta mode `self_choice`) and pass its replay check before
+does. With `own_retries` the model also decodes every board greedily, and where its reply is a non-word the
+board appears again (as often as the board itself) with the prompt the game would show next: that word
+rejected ("XXXXX is not in the word list. Try again."), and the same label; with 2, a second non-word on that
+prompt gives one more. A model told its own word is not a word mostly says it again (session 25). Records use `data`'s chat JSONL schema (meta mode `self_choice`) and pass its replay check before
 anything is written.
 """
 
@@ -53,6 +56,9 @@ class ChoiceConfig(StrictModel):
     prompt: PromptConfig | None = Field(None, description="Prompt settings (None: the adapter's, else the default).")
     opener: str | None = Field(None, description="Label of the empty board, so every game's first guess (an answer "
                                "word); None: the fitting answer the model scores highest, as on every other board.")
+    own_retries: int = Field(0, ge=0, le=2, description=(
+        "Rounds of retry examples built from the model's own greedy non-words (0: none; 1: after its first "
+        "reply on a board; 2: also after its reply to that retry prompt, when that is another non-word)."))
     score_chunk: int = Field(32, ge=1, description="Candidate replies scored per forward pass.")
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Which secrets are played and the retry examples.")
     progress: bool = True
@@ -147,6 +153,51 @@ def weighted_records(examples: dict[str, dict], traffic: Counter, cfg: ChoiceCon
     return records
 
 
+def own_retry_records(records: list[dict], model, tokenizer, prompt: PromptConfig, allowed: frozenset,
+                      rounds: int, batch: int = 64, generate_fn=None) -> tuple[list[dict], dict]:
+    """Retry examples from the model's own greedy non-words on the boards of `records` (made-up retries are
+    left out). Each distinct board is decoded greedily; a non-word reply W gives the record with the prompt
+    the game shows next (W rejected) and the board's label, repeated as often as the board is in `records`;
+    with `rounds` 2 that prompt is decoded too, and a non-word other than W gives one more. Returns the new
+    records and counts (prompts decoded, non-words, records made, per round). `generate_fn` (token-id prompts,
+    SamplingConfig) -> completions replaces mlx-lm batching (tests script the replies)."""
+    from ..llm.generation import BatchedGenerator, SamplingConfig
+    from ..llm.prompts import NOT_A_WORD, parse_reply
+
+    boards: dict[str, list] = {}                 # prompt text -> [record, copies]
+    for r in records:
+        if "retry_error" not in r["meta"]:
+            key = json.dumps(r["messages"][:-1])
+            boards.setdefault(key, [r, 0])[1] += 1
+    generate = generate_fn or BatchedGenerator(model, tokenizer)
+    sampling = SamplingConfig(temperature=0.0, max_tokens_per_turn=16)
+
+    def greedy_words(message_lists: list[list[dict]]) -> list:
+        ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in message_lists]
+        out = [c for i in range(0, len(ids), batch) for c in generate(ids[i:i + batch], sampling)]
+        return [parse_reply(c.text, prompt.require_think, allowed) for c in out]
+
+    new, counts = [], {"boards": len(boards), "rounds": []}
+    pending = [(record, copies, None) for record, copies in boards.values()]   # (record, copies, rejected)
+    for _ in range(rounds):
+        parsed = greedy_words([p[0]["messages"][:-1] for p in pending]) if pending else []
+        made, nxt = 0, []
+        for (record, copies, rejected), reply in zip(pending, parsed):
+            if reply.error != NOT_A_WORD or reply.guess == rejected:
+                continue
+            meta = record["meta"]
+            history = [(g, feedback(g, meta["secret"])) for g in meta["history"]]
+            error = (NOT_A_WORD, reply.guess)
+            messages = build_messages(prompt, history, (), MAX_GUESSES, last_error=error) + [record["messages"][-1]]
+            retry = {"messages": messages, "meta": {**meta, "retry_error": list(error), "retry_source": "own"}}
+            new.extend([retry] * copies)
+            nxt.append((retry, copies, reply.guess))
+            made += copies
+        counts["rounds"].append({"prompts": len(pending), "non_words": len(nxt), "records": made})
+        pending = nxt
+    return new, counts
+
+
 def run(cfg: ChoiceConfig) -> dict:
     from ..llm.models import load_model
 
@@ -161,6 +212,7 @@ def run(cfg: ChoiceConfig) -> dict:
     model, tokenizer = load_model(cfg.model, adapter_path=adapter, dtype=cfg.dtype)
     model.eval()
     labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener)
+    allowed = frozenset(solver.table.guesses)
     teacher_memo: dict[tuple, str] = {}
 
     data, stats = {}, {"model": cfg.model, "adapter": cfg.adapter, "seed": cfg.seed, "prompt": prompt.model_dump(),
@@ -173,6 +225,10 @@ def run(cfg: ChoiceConfig) -> dict:
             examples, traffic, games = self_play(secrets, labeler, advance)
         rng = random.Random(f"wordle-mlx-choice|{cfg.seed}|{split}")
         data[split] = weighted_records(examples, traffic, cfg, labeler, rng)
+        if cfg.own_retries:
+            retries, own_counts = own_retry_records(data[split], model, tokenizer, prompt, allowed, cfg.own_retries)
+            data[split] += retries
+            rng.shuffle(data[split])
         agree = 0
         for record in examples.values():
             meta = record["meta"]
@@ -189,6 +245,7 @@ def run(cfg: ChoiceConfig) -> dict:
             "game_length_histogram": {str(k): lengths.get(k, 0) for k in range(1, MAX_GUESSES + 1)},
             "distinct_examples": len(examples), "records": len(data[split]),
             "retry_records": sum("retry_error" in r["meta"] for r in data[split]),
+            **({"own_retries": own_counts} if cfg.own_retries else {}),
             "same_as_teacher": agree, "seconds": round(time.monotonic() - t0, 1)}
     stats["scored_replies"] = labeler.scored_replies
     stats["openers"] = dict(Counter(r["meta"]["target"] for r in data["train"] if not r["meta"]["history"]))

@@ -1,0 +1,87 @@
+"""Session 25 diagnostic: what a player does after it is told its reply is not a word.
+
+For the first N distinct prompts of DATA/{split}.jsonl (compact prompts), each adapter decodes one greedy
+reply; for every non-word reply, the prompt the game shows next ("XXXXX is not in the word list. Try
+again." above the same clues) is decoded greedily, and once more after a second non-word. Prints, per
+adapter: the first-try word rate, and for the retries how often the reply repeats the rejected word, is
+another non-word, or is an allowed word (and whether that word fits the clues).
+Usage: .venv/bin/python docs/results/s25/retry_probe.py DATA SPLIT N ADAPTER [ADAPTER ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+
+
+def main() -> None:
+    reexec_with_openblas()
+    from wordle_mlx.game.knowledge import Knowledge
+    from wordle_mlx.game.words import guess_list
+    from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
+    from wordle_mlx.llm.models import load_model
+    from wordle_mlx.llm.prompts import NOT_A_WORD, error_message, parse_reply
+    from wordle_mlx.stages.data import read_sft_jsonl
+
+    data, split, n, adapters = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+    records, seen = [], set()
+    for r in read_sft_jsonl(data / f"{split}.jsonl"):
+        key = json.dumps(r["messages"][:-1], sort_keys=True)
+        if key not in seen and "not in the word list" not in key:
+            seen.add(key)
+            records.append(r)
+    records = records[:n]
+    allowed = frozenset(guess_list())
+    for adapter in adapters:
+        cfg = json.loads((Path(adapter) / "adapter_config.json").read_text())
+        model, tok = load_model(cfg.get("base_model", "builtin:gemma-3-270m"), adapter_path=adapter)
+        gen, sampling = BatchedGenerator(model, tok), SamplingConfig(temperature=0.0, max_tokens_per_turn=16)
+
+        def decode(message_lists):
+            prompts = [tok.apply_chat_template(m, add_generation_prompt=True) for m in message_lists]
+            replies = [c for i in range(0, len(prompts), 64) for c in gen(prompts[i:i + 64], sampling)]
+            return [parse_reply(c.text, False, allowed) for c in replies]
+
+        def fits(r, word):
+            from wordle_mlx.game.feedback import feedback
+            hist = r["meta"]["history"]
+            return all(feedback(g, word) == feedback(g, r["meta"]["secret"]) for g in hist)
+
+        msgs = [r["messages"][:-1] for r in records]
+        first = decode(msgs)
+        line = f"{adapter}: {len(records)} boards, first try an allowed word {sum(p.error is None for p in first)}"
+        pending = [(i, p.guess) for i, p in enumerate(first) if p.error == NOT_A_WORD]
+        for attempt in (2, 3):
+            retry_msgs = []
+            for i, bad in pending:
+                m = [dict(x) for x in msgs[i]]
+                m[-1]["content"] = f"{error_message(NOT_A_WORD, bad)} Try again.\n{m[-1]['content']}"
+                retry_msgs.append(m)
+            out = decode(retry_msgs) if retry_msgs else []
+            c = Counter()
+            nxt = []
+            for (i, bad), p in zip(pending, out):
+                if p.error is None:
+                    c["word, fits" if fits(records[i], p.guess) else "word, does not fit"] += 1
+                elif p.guess == bad:
+                    c["same non-word"] += 1
+                    nxt.append((i, p.guess))
+                elif p.error == NOT_A_WORD:
+                    c["other non-word"] += 1
+                    nxt.append((i, p.guess))
+                else:
+                    c[f"error {p.error}"] += 1
+            line += f"\n  try {attempt} after a non-word ({len(pending)} boards): {dict(c)}"
+            pending = nxt
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -228,7 +228,7 @@ def run(cfg: ChoiceConfig) -> dict:
         if cfg.own_retries:
             retries, own_counts = own_retry_records(data[split], model, tokenizer, prompt, allowed, cfg.own_retries)
             data[split] += retries
-            rng.shuffle(data[split])
+            random.Random(f"wordle-mlx-own-retries|{split}").shuffle(data[split])
         agree = 0
         for record in examples.values():
             meta = record["meta"]

@@ -5,12 +5,15 @@ reply; for every non-word reply, the prompt the game shows next ("XXXXX is not i
 again." above the same clues) is decoded greedily, and once more after a second non-word. Prints, per
 adapter: the first-try word rate, and for the retries how often the reply repeats the rejected word, is
 another non-word, or is an allowed word (and whether that word fits the clues).
+With MESSAGE=letters in the environment the rejected word is shown spelled as replies spell it
+("r i n e s is not in the word list."), with MESSAGE=upper as "R I N E S"; by default as the game shows it.
 Usage: .venv/bin/python docs/results/s25/retry_probe.py DATA SPLIT N ADAPTER [ADAPTER ...]
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -62,7 +65,10 @@ def main() -> None:
             retry_msgs = []
             for i, bad in pending:
                 m = [dict(x) for x in msgs[i]]
-                m[-1]["content"] = f"{error_message(NOT_A_WORD, bad)} Try again.\n{m[-1]['content']}"
+                style = os.environ.get("MESSAGE", "game")
+                shown = {"letters": " ".join(bad), "upper": " ".join(bad.upper())}.get(style)
+                text = error_message(NOT_A_WORD, bad) if shown is None else f"{shown} is not in the word list."
+                m[-1]["content"] = f"{text} Try again.\n{m[-1]['content']}"
                 retry_msgs.append(m)
             out = decode(retry_msgs) if retry_msgs else []
             c = Counter()

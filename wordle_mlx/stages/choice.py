@@ -58,7 +58,9 @@ class ChoiceConfig(StrictModel):
                                "word); None: the fitting answer the model scores highest, as on every other board.")
     own_retries: int = Field(0, ge=0, le=2, description=(
         "Rounds of retry examples built from the model's own greedy non-words (0: none; 1: after its first "
-        "reply on a board; 2: also after its reply to that retry prompt, when that is another non-word)."))
+        "reply on a board; 2: also after its reply to that retry prompt, when that is another non-word). Session 25: "
+        "one SFT pass with them (45 -> 55) did no better than without (57), and the model still repeats its "
+        "rejected word (docs/RESULTS.md)."))
     score_chunk: int = Field(32, ge=1, description="Candidate replies scored per forward pass.")
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Which secrets are played and the retry examples.")
     progress: bool = True

@@ -16,8 +16,8 @@ appears min(traffic, `traffic_cap`) times (traffic: how many secrets' games pass
 does. With `own_retries` the model also decodes every board greedily, and where its reply is a non-word the
 board appears again (as often as the board itself) with the prompt the game would show next: that word
 rejected ("XXXXX is not in the word list. Try again."), and the same label; with 2, a second non-word on that
-prompt gives one more. A model told its own word is not a word mostly says it again (session 25). Records use `data`'s chat JSONL schema (meta mode `self_choice`) and pass its replay check before
-anything is written.
+prompt gives one more. A model told its own word is not a word mostly says it again (session 25). Records use
+`data`'s chat JSONL schema (meta mode `self_choice`) and pass its replay check before anything is written.
 """
 
 from __future__ import annotations
@@ -160,9 +160,10 @@ def own_retry_records(records: list[dict], model, tokenizer, prompt: PromptConfi
     """Retry examples from the model's own greedy non-words on the boards of `records` (made-up retries are
     left out). Each distinct board is decoded greedily; a non-word reply W gives the record with the prompt
     the game shows next (W rejected) and the board's label, repeated as often as the board is in `records`;
-    with `rounds` 2 that prompt is decoded too, and a non-word other than W gives one more. Returns the new
-    records and counts (prompts decoded, non-words, records made, per round). `generate_fn` (token-id prompts,
-    SamplingConfig) -> completions replaces mlx-lm batching (tests script the replies)."""
+    with `rounds` 2 that prompt is decoded too, and a non-word other than W gives one more (a prompt that two
+    records label differently keeps the first one's label). Returns the new records and counts (prompts
+    decoded, non-words, records made, per round). `generate_fn` (token-id prompts, SamplingConfig) ->
+    completions replaces mlx-lm batching (tests script the replies)."""
     from ..llm.generation import BatchedGenerator, SamplingConfig
     from ..llm.prompts import NOT_A_WORD, parse_reply
 

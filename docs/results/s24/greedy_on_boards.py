@@ -18,26 +18,39 @@ sys.path.insert(0, str(ROOT))
 from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
 
 
+def distinct_records(path: Path, n: int, skip_text: str | None = None) -> list[dict]:
+    """The first `n` records of an SFT JSONL file with distinct prompts, leaving out prompts that contain
+    `skip_text`."""
+    from wordle_mlx.stages.data import read_sft_jsonl
+
+    records, seen = [], set()
+    for r in read_sft_jsonl(path):
+        key = json.dumps(r["messages"][:-1], sort_keys=True)
+        if key not in seen and not (skip_text and skip_text in key):
+            seen.add(key)
+            records.append(r)
+    return records[:n]
+
+
+def load_adapter(adapter: str):
+    """(model, tokenizer) of the adapter's base model with the adapter applied."""
+    from wordle_mlx.llm.models import load_model
+
+    cfg = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    return load_model(cfg.get("base_model", "builtin:gemma-3-270m"), adapter_path=adapter)
+
+
 def main() -> None:
     reexec_with_openblas()
     from wordle_mlx.game.words import guess_list
     from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-    from wordle_mlx.llm.models import load_model
     from wordle_mlx.llm.prompts import parse_reply
-    from wordle_mlx.stages.data import read_sft_jsonl
 
     data, split, n, adapters = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-    records, seen = [], set()
-    for r in read_sft_jsonl(data / f"{split}.jsonl"):
-        key = json.dumps(r["messages"][:-1], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            records.append(r)
-    records = records[:n]
+    records = distinct_records(data / f"{split}.jsonl", n)
     allowed = frozenset(guess_list())
     for adapter in adapters:
-        cfg = json.loads((Path(adapter) / "adapter_config.json").read_text())
-        model, tok = load_model(cfg.get("base_model", "builtin:gemma-3-270m"), adapter_path=adapter)
+        model, tok = load_adapter(adapter)
         prompts = [tok.apply_chat_template(r["messages"][:-1], add_generation_prompt=True) for r in records]
         gen, sampling = BatchedGenerator(model, tok), SamplingConfig(temperature=0.0, max_tokens_per_turn=16)
         replies = [c for i in range(0, len(prompts), 64) for c in gen(prompts[i:i + 64], sampling)]

@@ -12,7 +12,6 @@ Usage: .venv/bin/python docs/results/s25/retry_probe.py DATA SPLIT N ADAPTER [AD
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import Counter
@@ -20,31 +19,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs" / "results" / "s24"))   # greedy_on_boards: the shared helpers
 
 from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
 
 
 def main() -> None:
     reexec_with_openblas()
-    from wordle_mlx.game.knowledge import Knowledge
+    from greedy_on_boards import distinct_records, load_adapter
+    from wordle_mlx.game.feedback import feedback
     from wordle_mlx.game.words import guess_list
     from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-    from wordle_mlx.llm.models import load_model
     from wordle_mlx.llm.prompts import NOT_A_WORD, error_message, parse_reply
-    from wordle_mlx.stages.data import read_sft_jsonl
 
     data, split, n, adapters = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-    records, seen = [], set()
-    for r in read_sft_jsonl(data / f"{split}.jsonl"):
-        key = json.dumps(r["messages"][:-1], sort_keys=True)
-        if key not in seen and "not in the word list" not in key:
-            seen.add(key)
-            records.append(r)
-    records = records[:n]
+    records = distinct_records(data / f"{split}.jsonl", n, skip_text="not in the word list")
     allowed = frozenset(guess_list())
     for adapter in adapters:
-        cfg = json.loads((Path(adapter) / "adapter_config.json").read_text())
-        model, tok = load_model(cfg.get("base_model", "builtin:gemma-3-270m"), adapter_path=adapter)
+        model, tok = load_adapter(adapter)
         gen, sampling = BatchedGenerator(model, tok), SamplingConfig(temperature=0.0, max_tokens_per_turn=16)
 
         def decode(message_lists):
@@ -53,7 +45,6 @@ def main() -> None:
             return [parse_reply(c.text, False, allowed) for c in replies]
 
         def fits(r, word):
-            from wordle_mlx.game.feedback import feedback
             hist = r["meta"]["history"]
             return all(feedback(g, word) == feedback(g, r["meta"]["secret"]) for g in hist)
 

@@ -253,6 +253,50 @@ class RetryExamplesTest(unittest.TestCase):
             validate_config({"retry_fraction": 0.1, "prompt": {"context": "conversation"}}, data.DataConfig, "x.json")
 
 
+class RejectedWordTest(unittest.TestCase):
+    """`prompt.rejected_word`: how the retry message shows a non-word (session 26)."""
+
+    def test_letters_message_in_both_contexts(self):
+        from wordle_mlx.llm.prompts import PromptConfig, TurnText, build_messages
+        board = [("raise", "XXGXX")]
+        for form, shown in (("upper", "BOIND is not in the word list."), ("letters", "Not in the word list: b o i n d.")):
+            cfg = PromptConfig(require_think=False, style="compact", guess_format="letters", rejected_word=form)
+            summary = build_messages(cfg, board, last_error=("not_a_word", "boind"))[-1]["content"]
+            self.assertTrue(summary.startswith(f"{shown} Try again.\n"), summary)
+            conv = PromptConfig(**{**cfg.model_dump(), "context": "conversation"})
+            turns = [TurnText("<guess> r a i s e</guess>", "raise", "XXGXX"),
+                     TurnText("<guess> b o i n d</guess>", "boind", None, "not_a_word")]
+            self.assertTrue(build_messages(conv, [], turns)[-1]["content"].startswith(f"{shown} Try again.\n"))
+            # format errors read the same either way
+            other = build_messages(cfg, board, last_error=("not_five_letters", "swan"))[-1]["content"]
+            self.assertTrue(other.startswith("Your guess 'swan' is not 5 letters a-z. Try again.\n"), other)
+
+    def test_data_stage_writes_and_replays_letters_messages(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            outs = {}
+            for form in ("upper", "letters", None):
+                folder = Path(tmp) / str(form)
+                folder.mkdir()
+                prompt = {"require_think": False, "style": "compact", "guess_format": "letters"}
+                if form is not None:
+                    prompt["rejected_word"] = form
+                cfg = write_config(folder, train_examples=60, valid_examples=5, think_style="none",
+                                   turns_per_game=3, retry_fraction=0.5, prompt=prompt)
+                result = data.run(load_config(cfg, data.DataConfig))   # run replays every record through the engine
+                outs[form] = [json.loads(l) for l in (Path(result["out"]) / "train.jsonl").read_text().splitlines()]
+        self.assertEqual(outs[None], outs["upper"])   # the default is the old message
+        words = [r for r in outs["letters"] if r["meta"].get("retry_error", [None])[0] == "not_a_word"]
+        self.assertGreater(len(words), 3)
+        for r in words:
+            guess = r["meta"]["retry_error"][1]
+            self.assertTrue(r["messages"][1]["content"].startswith(f"Not in the word list: {' '.join(guess)}. Try again.\n"))
+        for a, b in zip(outs["upper"], outs["letters"]):   # only that message differs
+            if a["meta"].get("retry_error", [None])[0] != "not_a_word":
+                self.assertEqual(a, b)
+            else:
+                self.assertEqual(a["messages"][1]["content"].split("\n", 1)[1], b["messages"][1]["content"].split("\n", 1)[1])
+
+
 class SpaceBeforeGuessTest(unittest.TestCase):
     """`space_before_guess`: the same examples, the guess tag written as `<guess> word</guess>`."""
 

@@ -32,6 +32,7 @@ from ..game.knowledge import Knowledge
 Context = Literal["summary", "conversation"]
 PromptStyle = Literal["full", "compact"]
 GuessFormat = Literal["word", "letters"]
+RejectedWord = Literal["upper", "letters"]
 
 # Kinds of reply errors. The first four are format errors; NOT_A_WORD is a well-formed but invalid guess.
 MISSING_THINK = "missing_think"
@@ -52,6 +53,10 @@ class PromptConfig(StrictModel):
                                "'compact': one instruction line and the derived clues only.")
     guess_format: GuessFormat = Field("word", description="What the instruction asks inside <guess>: the word, "
                                       "or its five letters separated by spaces.")
+    rejected_word: RejectedWord = Field("upper", description="How the retry message shows a reply that is not in "
+                                        "the word list: 'upper' ('BOIND is not in the word list.') or 'letters' "
+                                        "('Not in the word list: b o i n d.', the same single-letter tokens as a "
+                                        "letters reply).")
 
 
 ADAPTER_PROMPT_KEY = "wordle_prompt"   # adapter_config.json: the PromptConfig the adapter was trained with
@@ -151,7 +156,9 @@ class TurnText:
     error: str | None = None     # reply error kind, if any
 
 
-def error_message(error: str, guess: str | None) -> str:
+def error_message(error: str, guess: str | None, rejected_word: RejectedWord = "upper") -> str:
+    if error == NOT_A_WORD and rejected_word == "letters":
+        return f"Not in the word list: {' '.join(guess or '')}."
     return {
         MISSING_THINK: "Your reply had no <think> </think> block before the guess.",
         MISSING_GUESS: "Your reply had no <guess> </guess> tag.",
@@ -174,7 +181,7 @@ def build_messages(cfg: PromptConfig, history: Sequence[tuple[str, str]], turns:
     if cfg.context == "summary" or not turns:
         text = describe_state(history, max_guesses, cfg.style)
         if last_error is not None:
-            text = f"{error_message(*last_error)} Try again.\n{text}"
+            text = f"{error_message(*last_error, cfg.rejected_word)} Try again.\n{text}"
         messages.append({"role": "user", "content": text})
         return messages
     played = sum(1 for t in turns if t.pattern is not None)
@@ -187,7 +194,7 @@ def build_messages(cfg: PromptConfig, history: Sequence[tuple[str, str]], turns:
             board.append((turn.guess, turn.pattern))
             text = describe_state(board, max_guesses, cfg.style)
         else:
-            text = f"{error_message(turn.error, turn.guess)} Try again.\n{describe_state(board, max_guesses, cfg.style)}"
+            text = f"{error_message(turn.error, turn.guess, cfg.rejected_word)} Try again.\n{describe_state(board, max_guesses, cfg.style)}"
         messages.append({"role": "user", "content": text})
     return messages
 

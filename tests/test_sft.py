@@ -11,7 +11,7 @@ from unittest import mock
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 from wordle_mlx.config import load_config, validate_config
 from wordle_mlx.errors import UserError
@@ -101,6 +101,35 @@ class SFTTest(unittest.TestCase):
         self.assertAlmostEqual(total.item(), expected, delta=1e-4 * abs(expected))
         self.assertLess(total.item(), loss_sum(self.model, plain.inputs, plain.positions, plain.targets,
                                                plain.weights)[0].item())
+
+    def test_rejected_reply_targets_get_the_unlikelihood_loss(self):
+        seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:2], self.tokenizer, Path("x"))
+        tokens, offset = seqs[1]
+        index = offset + 2
+        rejected = (tokens[:index + 1], offset, {}, {index: 0.5})   # only token `index` counts, pushed down
+        batch = make_batch([seqs[0], rejected], pad_to=16, share_prefix=True)
+        self.assertEqual(batch.tokens, len(seqs[0][0]) - seqs[0][1] + 1)
+        plain = make_batch([seqs[0], (tokens[:index + 1], offset)], pad_to=16)
+        logits = self.model(plain.inputs).reshape(-1, self.model.args.vocab_size)[plain.positions].astype(mx.float32)
+        logp = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True), dtype=np.float64)
+        n0 = len(seqs[0][0]) - seqs[0][1]
+        ce = [-logp[i, t] for i, t in enumerate(plain.targets.tolist()[:n0])]
+        p_rejected = np.exp(logp[n0 + index - offset, tokens[index]])
+        expected = sum(ce) + 0.5 * -np.log(1 - p_rejected)
+        total, count = loss_sum(self.model, batch.inputs, batch.positions, batch.targets, batch.weights, False,
+                                batch.prefix, batch.choices, batch.unlikely)
+        self.assertAlmostEqual(count.item(), n0 + 0.5, places=5)
+        self.assertAlmostEqual(total.item(), expected, delta=1e-4 * expected)
+        # descending the loss of the rejected example alone makes its token less likely
+        only = make_batch([rejected], pad_to=16)
+        model, _ = load_model(TINY)
+        grad = nn.value_and_grad(model, loss_sum)
+        prob = lambda: mx.softmax(model(only.inputs)[0, index - 1].astype(mx.float32))[tokens[index]].item()
+        before = prob()
+        for _ in range(3):
+            _, g = grad(model, only.inputs, only.positions, only.targets, only.weights, False, None, None, only.unlikely)
+            model.update(tree_map(lambda w, d: w - 0.5 * d, model.parameters(), g))
+        self.assertLess(prob(), before * 0.9)
 
     def test_matches_mlx_lm_default_loss_on_assistant_tokens(self):
         from mlx_lm.tuner.trainer import default_loss

@@ -32,7 +32,7 @@ from ..config import StrictModel, config_hash, read_json_file, resolve_path
 from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
 from ..llm import lora
-from ..llm.prompts import FORMAT_ERRORS, PromptConfig
+from ..llm.prompts import FORMAT_ERRORS, NOT_A_WORD, PromptConfig
 from ..llm.sft_loss import SFTBatch, loss_sum, make_batch
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
@@ -84,6 +84,12 @@ class SFTConfig(StrictModel):
         "with loss -log of their total probability: it rewards spelling real words, not which word to play. Measured "
         "(docs/RESULTS.md, session 24): from the shipped adapter it broke greedy play within 40 steps (45 -> 0 / "
         "200 wins), since nothing then holds the model's choice among real words.")
+    rejected_reply_weight: float = Field(
+        0.0, ge=0, description="Letters-format data only. > 0: every record whose prompt reports a non-word (meta "
+        "retry_error ['not_a_word', W], e.g. `choice`'s own_retries) also trains the model away from saying W again: "
+        "one more example, the same prompt followed by W's reply up to its first letter that no allowed guess "
+        "continues with, whose only target is that letter, with the unlikelihood loss -log(1 - p) times this "
+        "weight. Validation loss leaves these out (it stays the labels' cross-entropy). 0 = off.")
     grad_checkpoint: bool = False
     valid_every: int = Field(50, ge=0)
     valid_batches: int = Field(0, ge=0, description="Validation batches per pass; 0 = all.")
@@ -102,19 +108,53 @@ def lr_schedule(cfg: SFTConfig):
     return optim.join_schedules([warmup, decay], [cfg.warmup_steps])
 
 
-def tokenize(records: list[dict], tokenizer, source: Path, letter_targets: str = "label") -> list[tuple]:
+def tokenize(records: list[dict], tokenizer, source: Path, letter_targets: str = "label",
+             rejected_reply_weight: float = 0.0) -> list[tuple]:
     """(token ids of the whole chat, length of the prompt part) per record, as mlx-lm's ChatDataset does;
     with `letter_targets="allowed"` a third element maps each guess letter's token index to the letter
-    tokens that keep the guess on the way to an allowed word (`SFTConfig.letter_targets`)."""
+    tokens that keep the guess on the way to an allowed word (`SFTConfig.letter_targets`). With
+    `rejected_reply_weight` > 0, a record whose prompt reports a non-word is followed by its rejected-reply
+    example (`rejected_reply_example`)."""
     out = []
     spelling = allowed_letter_tokens(tokenizer) if letter_targets == "allowed" else None
+    rejected = rejected_reply_example(tokenizer, rejected_reply_weight) if rejected_reply_weight > 0 else None
     for i, r in enumerate(records, start=1):
         full = tokenizer.apply_chat_template(r["messages"], return_dict=False)
         prompt = tokenizer.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, return_dict=False)
         if full[: len(prompt)] != prompt or len(full) <= len(prompt):
             raise UserError(f"{source}: record {i}: the chat template does not render the prompt as a prefix")
         out.append((full, len(prompt)) if spelling is None else (full, len(prompt), spelling(full, len(prompt), source, i)))
+        error = r.get("meta", {}).get("retry_error")
+        if rejected is not None and error is not None and error[0] == NOT_A_WORD:
+            out.append(rejected(prompt, error[1], source, i))
     return out
+
+
+def rejected_reply_example(tokenizer, weight: float):
+    """A function (prompt tokens, rejected word W, source, record) -> (tokens, prompt_length, {}, {index:
+    weight}): the prompt, then W's letters-format reply up to and including its first letter that no allowed
+    guess continues with (W[:k] begins an allowed guess, W[:k + 1] does not), which is the one target."""
+    from ..game.words import guess_list
+    from ..llm.generation import end_token_ids
+    from ..llm.word_constraint import LettersTemplate, prefix_trie
+
+    try:
+        template = LettersTemplate(tokenizer, min(end_token_ids(tokenizer)))
+    except UserError as e:
+        raise UserError(f"rejected_reply_weight: {str(e).removeprefix('--constrain: ')}") from None
+    trie = prefix_trie(guess_list())
+
+    def example(prompt: list[int], word: str, source: Path, record: int) -> tuple:
+        if not (isinstance(word, str) and len(word) == 5 and word.isascii() and word.isalpha() and word.islower()):
+            raise UserError(f"{source}: record {record}: meta.retry_error: expected a 5-letter lower-case non-word, "
+                            f"got {word!r}")
+        k = next((k for k in range(5) if word[k] not in trie.get(word[:k], ())), None)
+        if k is None:
+            raise UserError(f"{source}: record {record}: meta.retry_error: {word!r} is an allowed guess, not a non-word")
+        tokens = list(prompt) + list(template.open) + [template.letter[c] for c in word[:k + 1]]
+        return tokens, len(prompt), {}, {len(tokens) - 1: weight}
+
+    return example
 
 
 def allowed_letter_tokens(tokenizer):
@@ -171,7 +211,8 @@ def mean_gradient(model, loss_and_grad, batches: list[SFTBatch | None], world=No
     for b in batches:
         if b is None:                    # this rank has no example in a short last batch
             continue
-        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.choices)
+        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.choices,
+                                  b.unlikely)
         grads = g if grads is None else tree_map(mx.add, grads, g)
         mx.eval(grads, s, n)
         total, count, length = total + s.item(), count + n.item(), length + b.length
@@ -187,7 +228,7 @@ def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
     """Token-weighted validation loss; with several ranks, over every rank's batches."""
     total, count = 0.0, 0.0
     for b in batches:
-        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.choices)
+        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.choices, b.unlikely)
         mx.eval(s, n)
         total, count = total + s.item(), count + n.item()
     if world is not None:
@@ -260,10 +301,14 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])
 
+    if cfg.rejected_reply_weight > 0 and prompt_cfg.guess_format != "letters":
+        raise UserError(f"{cfg.data}: rejected_reply_weight needs letters-format data (stats.json prompt.guess_format "
+                        f"is {prompt_cfg.guess_format!r})")
     if cfg.letter_targets == "allowed" and prompt_cfg.guess_format != "letters":
         raise UserError(f"{cfg.data}: letter_targets 'allowed' needs letters-format data (stats.json prompt.guess_format "
                         f"is {prompt_cfg.guess_format!r})")
-    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl", cfg.letter_targets), cfg, world)
+    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl", cfg.letter_targets,
+                                          cfg.rejected_reply_weight), cfg, world)
     valid_batches = (make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl", cfg.letter_targets), cfg)
                      if valid_records else [])
     if cfg.valid_batches and cfg.valid_batches < len(valid_batches):

@@ -6,7 +6,9 @@ again." above the same clues) is decoded greedily, and once more after a second 
 adapter: the first-try word rate, and for the retries how often the reply repeats the rejected word, is
 another non-word, or is an allowed word (and whether that word fits the clues).
 With MESSAGE=letters in the environment the rejected word is shown spelled as replies spell it
-("r i n e s is not in the word list."), with MESSAGE=upper as "R I N E S"; by default as the game shows it.
+("r i n e s is not in the word list."), with MESSAGE=upper as "R I N E S", with MESSAGE=rejected_letters as
+`prompt.rejected_word: "letters"` shows it (session 26: "Not in the word list: r i n e s."); by default as the
+game shows it to the shipped adapter.
 Usage: .venv/bin/python docs/results/s25/retry_probe.py DATA SPLIT N ADAPTER [ADAPTER ...]
 """
 
@@ -59,6 +61,8 @@ def main() -> None:
                 style = os.environ.get("MESSAGE", "game")
                 shown = {"letters": " ".join(bad), "upper": " ".join(bad.upper())}.get(style)
                 text = error_message(NOT_A_WORD, bad) if shown is None else f"{shown} is not in the word list."
+                if style == "rejected_letters":
+                    text = error_message(NOT_A_WORD, bad, "letters")
                 m[-1]["content"] = f"{text} Try again.\n{m[-1]['content']}"
                 retry_msgs.append(m)
             out = decode(retry_msgs) if retry_msgs else []

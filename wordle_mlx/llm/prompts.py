@@ -56,7 +56,9 @@ class PromptConfig(StrictModel):
     rejected_word: RejectedWord = Field("upper", description="How the retry message shows a reply that is not in "
                                         "the word list: 'upper' ('BOIND is not in the word list.') or 'letters' "
                                         "('Not in the word list: b o i n d.', the same single-letter tokens as a "
-                                        "letters reply).")
+                                        "letters reply). Measured (docs/RESULTS.md, session 26): SFT with "
+                                        "'letters' won 56 / 200 where 'upper' won 55, and the model repeated a "
+                                        "rejected word as often.")
 
 
 ADAPTER_PROMPT_KEY = "wordle_prompt"   # adapter_config.json: the PromptConfig the adapter was trained with

@@ -128,6 +128,8 @@ class GemmaConstraintTest(unittest.TestCase):
             tokenize([record("slate", ["not_a_word", "crane"])], self.tok, Path("x"), "label", 1.0)
         with self.assertRaisesRegex(UserError, r"x: record 1: meta.retry_error: expected a 5-letter"):
             tokenize([record("slate", ["not_a_word", "CRANE!"])], self.tok, Path("x"), "label", 1.0)
+        with self.assertRaisesRegex(UserError, r"x: record 1: meta.retry_error: expected \[error kind, reply\]"):
+            tokenize([record("slate", "not_a_word")], self.tok, Path("x"), "label", 1.0)
 
     def test_word_format_is_refused(self):
         model, tok = load_model("builtin:tiny-random")

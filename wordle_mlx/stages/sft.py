@@ -89,7 +89,8 @@ class SFTConfig(StrictModel):
         "retry_error ['not_a_word', W], e.g. `choice`'s own_retries) also trains the model away from saying W again: "
         "one more example, the same prompt followed by W's reply up to its first letter that no allowed guess "
         "continues with, whose only target is that letter, with the unlikelihood loss -log(1 - p) times this "
-        "weight. Validation loss leaves these out (it stays the labels' cross-entropy). 0 = off. Measured "
+        "weight. The logged training loss includes them; validation loss leaves them out (it stays the labels' "
+        "cross-entropy). 0 = off. Measured "
         "(docs/RESULTS.md, session 26): a rejected word came back less often (49% of second tries, from 69%), but "
         "greedy play lost: 56 -> 43 / 200 at weight 1, 41 at 0.3.")
     grad_checkpoint: bool = False
@@ -126,8 +127,10 @@ def tokenize(records: list[dict], tokenizer, source: Path, letter_targets: str =
         if full[: len(prompt)] != prompt or len(full) <= len(prompt):
             raise UserError(f"{source}: record {i}: the chat template does not render the prompt as a prefix")
         out.append((full, len(prompt)) if spelling is None else (full, len(prompt), spelling(full, len(prompt), source, i)))
-        error = r.get("meta", {}).get("retry_error")
-        if rejected is not None and error is not None and error[0] == NOT_A_WORD:
+        error = (r.get("meta") or {}).get("retry_error") if rejected is not None else None
+        if error is not None and not (isinstance(error, list) and len(error) == 2):
+            raise UserError(f"{source}: record {i}: meta.retry_error: expected [error kind, reply], got {error!r}")
+        if error is not None and error[0] == NOT_A_WORD:
             out.append(rejected(prompt, error[1], source, i))
     return out
 

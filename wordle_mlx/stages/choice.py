@@ -15,8 +15,8 @@ appears min(traffic, `traffic_cap`) times (traffic: how many secrets' games pass
 `retry_fraction` of them get one more copy whose prompt reports a made-up invalid previous reply, as `data`
 does. With `own_retries` the model also decodes every board greedily, and where its reply is a non-word the
 board appears again (as often as the board itself) with the prompt the game would show next: that word
-rejected ("XXXXX is not in the word list. Try again."), and the same label; with 2, a second non-word on that
-prompt gives one more. A model told its own word is not a word mostly says it again (session 25). Records use
+rejected ("XXXXX is not in the word list. Try again.", or as `prompt.rejected_word` shows it), and the same
+label; with 2, a second non-word on that prompt gives one more. A model told its own word is not a word mostly says it again (session 25). Records use
 `data`'s chat JSONL schema (meta mode `self_choice`) and pass its replay check before anything is written.
 """
 

@@ -135,10 +135,9 @@ def tokenize(records: list[dict], tokenizer, source: Path, letter_targets: str =
     return out
 
 
-def rejected_reply_example(tokenizer, weight: float):
-    """A function (prompt tokens, rejected word W, source, record) -> (tokens, prompt_length, {}, {index:
-    weight}): the prompt, then W's letters-format reply up to and including its first letter that no allowed
-    guess continues with (W[:k] begins an allowed guess, W[:k + 1] does not), which is the one target."""
+def letters_template_and_trie(tokenizer, option: str):
+    """(the tokenizer's letters-reply template, the prefix trie of the allowed guesses) for an SFT `option`
+    that reads letters replies; a tokenizer without single-letter tokens is a one-line error naming it."""
     from ..game.words import guess_list
     from ..llm.generation import end_token_ids
     from ..llm.word_constraint import LettersTemplate, prefix_trie
@@ -146,8 +145,15 @@ def rejected_reply_example(tokenizer, weight: float):
     try:
         template = LettersTemplate(tokenizer, min(end_token_ids(tokenizer)))
     except UserError as e:
-        raise UserError(f"rejected_reply_weight: {str(e).removeprefix('--constrain: ')}") from None
-    trie = prefix_trie(guess_list())
+        raise UserError(f"{option}: {str(e).removeprefix('--constrain: ')}") from None
+    return template, prefix_trie(guess_list())
+
+
+def rejected_reply_example(tokenizer, weight: float):
+    """A function (prompt tokens, rejected word W, source, record) -> (tokens, prompt_length, {}, {index:
+    weight}): the prompt, then W's letters-format reply up to and including its first letter that no allowed
+    guess continues with (W[:k] begins an allowed guess, W[:k + 1] does not), which is the one target."""
+    template, trie = letters_template_and_trie(tokenizer, "rejected_reply_weight")
 
     def example(prompt: list[int], word: str, source: Path, record: int) -> tuple:
         if not (isinstance(word, str) and len(word) == 5 and word.isascii() and word.isalpha() and word.islower()):
@@ -166,15 +172,7 @@ def allowed_letter_tokens(tokenizer):
     """A function (tokens, prompt_length, source, record) -> {token index: acceptable letter token ids} for
     the letters-format guess in the reply: at letter k, every letter that follows the label's first k letters
     in some allowed guess."""
-    from ..game.words import guess_list
-    from ..llm.generation import end_token_ids
-    from ..llm.word_constraint import LettersTemplate, prefix_trie
-
-    try:
-        template = LettersTemplate(tokenizer, min(end_token_ids(tokenizer)))
-    except UserError as e:
-        raise UserError(f"letter_targets 'allowed': {str(e).removeprefix('--constrain: ')}") from None
-    trie = prefix_trie(guess_list())
+    template, trie = letters_template_and_trie(tokenizer, "letter_targets 'allowed'")
     opening = list(template.open)
 
     def sets(tokens: list[int], prompt_length: int, source: Path, record: int) -> dict[int, list[int]]:

@@ -271,6 +271,21 @@ class RejectedWordTest(unittest.TestCase):
             other = build_messages(cfg, board, last_error=("not_five_letters", "swan"))[-1]["content"]
             self.assertTrue(other.startswith("Your guess 'swan' is not 5 letters a-z. Try again.\n"), other)
 
+    def test_retry_context_lists_earlier_errors_only_when_asked(self):
+        from wordle_mlx.llm.prompts import PromptConfig, build_messages
+        board, earlier = [("raise", "XXGXX")], [("not_a_word", "boind"), ("missing_guess", None)]
+        base = PromptConfig(require_think=False, style="compact", guess_format="letters")
+        self.assertEqual(base.retry_context, "last")
+        last = build_messages(base, board, last_error=("not_a_word", "doint"), earlier_errors=earlier)
+        self.assertEqual(last, build_messages(base, board, last_error=("not_a_word", "doint")))
+        cfg = PromptConfig(**{**base.model_dump(), "retry_context": "turn", "rejected_word": "letters"})
+        text = build_messages(cfg, board, last_error=("not_a_word", "doint"), earlier_errors=earlier)[-1]["content"]
+        self.assertTrue(text.startswith("Not in the word list: b o i n d.\nYour reply had no <guess> </guess> tag.\n"
+                                        "Not in the word list: d o i n t. Try again.\n"), text)
+        self.assertEqual(build_messages(cfg, board)[-1]["content"], build_messages(base, board)[-1]["content"])
+        with self.assertRaises(ValueError):
+            PromptConfig(retry_context="all")
+
     def test_data_stage_writes_and_replays_letters_messages(self):
         with tempfile.TemporaryDirectory() as tmp:
             outs = {}

@@ -102,6 +102,27 @@ class TestEngineRules(unittest.TestCase):
         self.assertIn("no <guess> </guess> tag", second_prompt)
         self.assertIn("ZZZZZ is not in the word list", self.tok.decode(backend.prompts[2][0]))
 
+    def test_retry_context_turn_reports_every_invalid_reply_of_the_turn(self):
+        """With the default 'last' a repeated non-word gives the same prompt again (so greedy play repeats it);
+        with 'turn' each retry prompt lists the turn's earlier invalid replies, and a played guess clears them."""
+        texts = [reply("boind"), reply("boind"), reply("slate"), "junk", reply("crane")]
+        prompts = {}
+        for context in ("last", "turn"):
+            cfg = RolloutConfig(max_invalid_replies=5)
+            cfg = cfg.model_copy(update={"prompt": cfg.prompt.model_copy(update={"retry_context": context})})
+            backend = Scripted(self.tok, [[t] for t in texts])
+            ep = play_games(None, self.tok, [GameSpec("crane")], cfg, ALLOWED, generate_fn=backend)[0]
+            self.assertTrue(ep.won)
+            prompts[context] = [self.tok.decode(b[0]) for b in backend.prompts]
+        last, turn = prompts["last"], prompts["turn"]
+        self.assertEqual(last[1], last[2])                  # the loop greedy play cannot leave
+        self.assertEqual(turn[1], last[1])                  # one invalid reply: the same prompt either way
+        self.assertIn("BOIND is not in the word list.\nBOIND is not in the word list. Try again.\n", turn[2])
+        self.assertNotEqual(turn[2], last[2])
+        self.assertNotIn("BOIND", turn[3] + turn[4])       # the played SLATE cleared the list
+        self.assertEqual(turn[3], last[3])
+        self.assertEqual(turn[4], last[4])                  # a single error after a played guess reads as before
+
     def test_invalid_reply_costs_turn_when_configured(self):
         texts = ["junk", "junk", reply("slate"), reply("brine"), reply("pious"), reply("dumpy")]
         cfg = RolloutConfig(max_invalid_replies=5, invalid_costs_turn=True)

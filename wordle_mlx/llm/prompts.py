@@ -33,6 +33,7 @@ Context = Literal["summary", "conversation"]
 PromptStyle = Literal["full", "compact"]
 GuessFormat = Literal["word", "letters"]
 RejectedWord = Literal["upper", "letters"]
+RetryContext = Literal["last", "turn"]
 
 # Kinds of reply errors. The first four are format errors; NOT_A_WORD is a well-formed but invalid guess.
 MISSING_THINK = "missing_think"
@@ -59,6 +60,11 @@ class PromptConfig(StrictModel):
                                         "letters reply). Measured (docs/RESULTS.md, session 26): SFT with "
                                         "'letters' won 56 / 200 where 'upper' won 55, and the model repeated a "
                                         "rejected word as often.")
+    retry_context: RetryContext = Field("last", description="Which invalid replies a summary-mode retry prompt "
+                                        "reports: 'last' (only the last one) or 'turn' (every invalid reply "
+                                        "since the last played guess, one line each, oldest first). With 'last' "
+                                        "a repeated invalid reply gives the same prompt again, so greedy play "
+                                        "repeats it until the game's invalid replies run out.")
 
 
 ADAPTER_PROMPT_KEY = "wordle_prompt"   # adapter_config.json: the PromptConfig the adapter was trained with
@@ -171,19 +177,23 @@ def error_message(error: str, guess: str | None, rejected_word: RejectedWord = "
 
 
 def build_messages(cfg: PromptConfig, history: Sequence[tuple[str, str]], turns: Sequence[TurnText] = (),
-                   max_guesses: int = 6, last_error: tuple[str, str | None] | None = None) -> list[dict]:
+                   max_guesses: int = 6, last_error: tuple[str, str | None] | None = None,
+                   earlier_errors: Sequence[tuple[str, str | None]] = ()) -> list[dict]:
     """Chat messages for the next model turn.
 
     `history` is every (guess, pattern) on the board, seeded ones included. In conversation mode, `turns`
     are this game's earlier model turns (their replies are replayed as assistant messages); seeded guesses
     appear in the first user message. `last_error` (kind, guess) notes an invalid previous reply in
-    summary mode.
+    summary mode; with `retry_context="turn"`, `earlier_errors` are the invalid replies of this turn before it,
+    oldest first, each shown on a line of its own.
     """
     messages = [{"role": "system", "content": system_prompt(cfg)}]
     if cfg.context == "summary" or not turns:
         text = describe_state(history, max_guesses, cfg.style)
         if last_error is not None:
             text = f"{error_message(*last_error, cfg.rejected_word)} Try again.\n{text}"
+            if cfg.retry_context == "turn":
+                text = "".join(f"{error_message(*e, cfg.rejected_word)}\n" for e in earlier_errors) + text
         messages.append({"role": "user", "content": text})
         return messages
     played = sum(1 for t in turns if t.pattern is not None)

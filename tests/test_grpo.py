@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import unittest
@@ -528,6 +529,71 @@ class Stage(unittest.TestCase):
         state = mx.load(str(run_dir / "checkpoints" / "step_000001" / "optimizer.safetensors"))
         self.assertEqual({k.rsplit(".", 1)[1] for k in state if k != "step" and k != "learning_rate"}, {"v"})
         self.assertIsInstance(stage.make_optimizer(cfg)[0], optim.SGD)
+
+    def write_anchor_data(self, stats_prompt=None) -> Path:
+        folder = Path(self.tmp.name) / "anchor"
+        folder.mkdir()
+        lines = []
+        for i, word in enumerate(["crane", "slate", "pious", "brine", "dumpy"]):
+            lines.append(json.dumps({"messages": [{"role": "user", "content": f"Board {i}: guess."},
+                                                  {"role": "assistant", "content": f"<guess>{word}</guess>"}]}))
+        (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+        if stats_prompt is not None:
+            (folder / "stats.json").write_text(json.dumps({"prompt": stats_prompt}))
+        return folder
+
+    def test_anchor_adds_the_weighted_sft_gradient(self):
+        """anchor: with equal rewards (no GRPO gradient), SGD and no clipping, a step moves the LoRA weights by
+        exactly -lr x weight x the SFT cross-entropy gradient of the batch the anchor draws for step 1, which is
+        computed here independently with the `sft` stage's functions; the metrics log its loss."""
+        from wordle_mlx.llm.sft_loss import loss_sum
+        from wordle_mlx.stages.data import read_sft_jsonl
+        from wordle_mlx.stages.sft import batch_at, make_batches, mean_gradient, tokenize
+        import mlx.nn as nn
+        from types import SimpleNamespace
+        folder = self.write_anchor_data()
+        cfg = stage_config(self.tmp.name, steps=1, optimizer="sgd", learning_rate=0.05, min_learning_rate=0.05,
+                           max_grad_norm=0.0)
+        cfg = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={
+            "data": str(folder), "weight": 0.5, "batch_size": 2, "seed": 7})})
+        mx.random.seed(cfg.training.seed)
+        model, tok, _ = stage.load_policy(cfg)
+        start = dict(tree_flatten(model.trainable_parameters()))
+        layout = SimpleNamespace(batch_size=2, pad_to=32, max_seq_length=1024, share_prefix=True)
+        batches = make_batches(tokenize(read_sft_jsonl(folder / "train.jsonl"), tok, folder), layout)
+        model.train()
+        grads, total, count, _ = mean_gradient(model, nn.value_and_grad(model, loss_sum),
+                                               [batches[batch_at(0, len(batches), 7)]])
+        expected = {k: start[k] - 0.05 * 0.5 * g for k, g in tree_flatten(grads)}
+
+        def equal_rewards(*args, **kwargs):
+            out = REAL_ROLLOUT(*args, **kwargs)
+            for item in out.items:
+                item.reward = 1.0
+            return out
+        with mock.patch.object(grpo_step, "rollout_episode_mode", equal_rewards):
+            stage.run(cfg)
+        run_dir = Path(self.tmp.name) / "run"
+        (rec,) = train_records(run_dir)
+        self.assertEqual(rec["skipped_groups"], 2)               # every group dead: only the anchor moves weights
+        self.assertAlmostEqual(rec["anchor_loss"], total / count, places=5)
+        after = mx.load(str(run_dir / "adapters" / "adapters.safetensors"))
+        moved = max(float(mx.abs(after[k] - start[k]).max()) for k in start)
+        self.assertGreater(moved, 1e-6)
+        for k in expected:
+            np.testing.assert_allclose(np.array(after[k]), np.array(expected[k]), atol=1e-6, err_msg=k)
+
+    def test_anchor_errors_name_the_folder(self):
+        cfg = stage_config(self.tmp.name, steps=1)
+        missing = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={"data": f"{self.tmp.name}/none"})})
+        with self.assertRaisesRegex(UserError, "anchor.data: .*none has no train.jsonl"):
+            stage.run(missing)
+        folder = self.write_anchor_data({"require_think": False, "style": "compact"})
+        other = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={"data": str(folder)})})
+        with self.assertRaisesRegex(UserError, "anchor.data: .*stats.json prompt .* differs from the rollout prompt"):
+            stage.run(other)
+        with self.assertRaisesRegex(UserError, "anchor.weight"):
+            validate_config({"anchor": {"weight": -1}}, stage.GRPOConfig, "x.json")
 
     def test_momentum_is_an_sgd_setting(self):
         with self.assertRaisesRegex(UserError, "x.json.*training.*momentum is for optimizer 'sgd', got optimizer "

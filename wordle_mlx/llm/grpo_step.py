@@ -236,10 +236,13 @@ def shared_weights(lengths: Sequence[int], averaging: str, total_tokens: float, 
     raise ValueError(f"unknown averaging {averaging!r}; use 'token' or 'sequence'")
 
 
-def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings, world=None) -> UpdateResult:
+def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings, world=None,
+                  extra_grads=None) -> UpdateResult:
     """One update from `items`. With a `World` of several ranks, `items` are this rank's share: the averaging
     weights use the global token/sequence counts, gradient sums and loss statistics are all-reduced, and every
-    rank applies the same update (the one a single process would make on all the items)."""
+    rank applies the same update (the one a single process would make on all the items). `extra_grads` (a
+    gradient tree already summed over ranks, e.g. the SFT anchor's) is added to the GRPO gradient before
+    clipping; with it a step with no live group still updates."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -265,9 +268,9 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     lengths = [sum(q.mask) for q in seqs]
     total_tokens, total_seqs, skipped, unplayable = world.sum_floats([sum(lengths), len(seqs), skipped, unplayable])
     skipped, unplayable = int(skipped), int(unplayable)
-    if total_seqs == 0:
+    if total_seqs == 0 and extra_grads is None:
         return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start, unplayable)
-    weights = shared_weights(lengths, s.averaging, total_tokens, total_seqs)
+    weights = shared_weights(lengths, s.averaging, total_tokens, max(total_seqs, 1.0))
     model.train()
 
     def loss_of(arrays, ref):
@@ -293,6 +296,8 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         grads = tree_map(mx.zeros_like, model.trainable_parameters())
     grads = world.sum_tree(grads)
     total_loss, kl, clip = world.sum_floats([total_loss, kl, clip])
+    if extra_grads is not None:
+        grads = tree_map(lambda a, b: a + b, grads, extra_grads)
     if s.max_grad_norm > 0:
         grads, norm = optim.clip_grad_norm(grads, s.max_grad_norm)
     else:

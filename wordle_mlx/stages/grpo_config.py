@@ -4,7 +4,8 @@ One section per concern: `model` (base model and an optional SFT adapter to cont
 LoRA layers), `training` (steps, B prompts per step, optimizer and schedule, micro-batch sizes, checkpoints),
 `rl` (episode or turn mode, G, sampling, game rules, prompt format), `grpo` (clipping, KL, averaging,
 advantages), `reward` (`game/rewards.py` weights, checked against the mode's invariant when the config is
-loaded), `prompts` (where the B boards come from) and `validation`. Every section forbids unknown keys, so a
+loaded), `prompts` (where the B boards come from), `anchor` (an optional SFT term added to every step) and
+`validation`. Every section forbids unknown keys, so a
 misspelt field is a one-line error naming the file and the field.
 """
 
@@ -118,6 +119,16 @@ class GRPOSection(StrictModel):
         "format errors); 0 = plain GRPO, which skips such groups; e.g. -1 pushes them down."))
 
 
+class AnchorSection(StrictModel):
+    data: str | None = Field(None, description="An SFT data folder (`wordle-mlx data` or `choice` output; its "
+                             "train.jsonl), relative to the config file. Each step then adds `weight` x the SFT "
+                             "cross-entropy of one batch of it to the GRPO loss before clipping (InstructGPT's "
+                             "PPO-ptx: a supervised term that holds the policy near what it was fitted to).")
+    weight: float = Field(1.0, ge=0, description="Multiplier of the anchor's token-mean cross-entropy.")
+    batch_size: int = Field(16, ge=1, description="Records per step, drawn in length buckets as `sft` draws them.")
+    seed: int = Field(0, ge=0, lt=2 ** 32, description="Order of the anchor batches.")
+
+
 class ValidationSection(StrictModel):
     every: int = Field(10, ge=0, description="Validate every N steps (and at the end); 0 = never.")
     games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
@@ -133,6 +144,7 @@ class GRPOConfig(StrictModel):
     grpo: GRPOSection = Field(default_factory=GRPOSection)
     reward: RewardWeights = Field(default_factory=RewardWeights)   # per reply by __post_init__, per mode below
     prompts: PromptsSection = Field(default_factory=PromptsSection)
+    anchor: AnchorSection = Field(default_factory=AnchorSection)
     validation: ValidationSection = Field(default_factory=ValidationSection)
     logs_dir: str = Field("logs", description="Run folders go here (relative to the config file).")
     run_name: str | None = None

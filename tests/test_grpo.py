@@ -530,8 +530,8 @@ class Stage(unittest.TestCase):
         self.assertEqual({k.rsplit(".", 1)[1] for k in state if k != "step" and k != "learning_rate"}, {"v"})
         self.assertIsInstance(stage.make_optimizer(cfg)[0], optim.SGD)
 
-    def write_anchor_data(self, stats_prompt=None) -> Path:
-        folder = Path(self.tmp.name) / "anchor"
+    def write_anchor_data(self, stats_prompt=None, name: str = "anchor") -> Path:
+        folder = Path(self.tmp.name) / name
         folder.mkdir()
         lines = []
         for i, word in enumerate(["crane", "slate", "pious", "brine", "dumpy"]):
@@ -592,6 +592,10 @@ class Stage(unittest.TestCase):
         other = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={"data": str(folder)})})
         with self.assertRaisesRegex(UserError, "anchor.data: .*stats.json prompt .* differs from the rollout prompt"):
             stage.run(other)
+        broken = self.write_anchor_data({"style": "huge"}, "broken")
+        bad = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={"data": str(broken)})})
+        with self.assertRaisesRegex(UserError, "anchor.data: .*stats.json: prompt .*'huge'.* is not a prompt config"):
+            stage.run(bad)
         with self.assertRaisesRegex(UserError, "anchor.weight"):
             validate_config({"anchor": {"weight": -1}}, stage.GRPOConfig, "x.json")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import config_hash, read_json_file, resolve_path
+from ..config import config_hash, resolve_path
 from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
 from ..game.rewards import Rewards
@@ -41,8 +41,9 @@ from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from ..stop_signals import StopSignals, agreed_stop
 from .entropy import load_table
-from ..llm.prompts import ADAPTER_PROMPT_KEY, PromptConfig, choose_prompt
+from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
 from ..llm.rollout import GameSpec, RolloutConfig
+from .grpo_anchor import SFTAnchor
 from .grpo_config import GRPOConfig, GRPOSection  # noqa: F401  (GRPOSection re-exported for callers)
 
 
@@ -157,43 +158,6 @@ def make_optimizer(cfg: GRPOConfig):
     if t.optimizer == "sgd":
         return optim.SGD(learning_rate=schedule, momentum=t.momentum, weight_decay=t.weight_decay), schedule
     return optim.AdamW(learning_rate=schedule, weight_decay=t.weight_decay), schedule
-
-
-class SFTAnchor:
-    """The `anchor` section at work: batches of an SFT data folder (tokenized and cut into length buckets as
-    `wordle-mlx sft` does, shared prefix included), one per step in a seeded shuffle that depends only on the
-    step, so a resumed run draws the same ones; `grads(step)` is `weight` x the gradient of their token-mean
-    cross-entropy, summed over ranks."""
-
-    def __init__(self, cfg: GRPOConfig, tokenizer, prompt, world):
-        from types import SimpleNamespace
-
-        from .data import read_sft_jsonl
-        from .sft import make_batches, tokenize
-        a = cfg.anchor
-        folder = resolve_path(cfg, a.data).resolve()
-        path = folder / "train.jsonl"
-        if not path.is_file():
-            raise UserError(f"anchor.data: {folder} has no train.jsonl (expected a `wordle-mlx data` or `choice` folder)")
-        stats = folder / "stats.json"
-        shown = read_json_file(stats).get("prompt") if stats.is_file() else None
-        if shown is not None and PromptConfig(**shown) != prompt:
-            raise UserError(f"anchor.data: {stats} prompt {shown} differs from the rollout prompt {prompt.model_dump()}")
-        layout = SimpleNamespace(batch_size=a.batch_size, pad_to=32, max_seq_length=1024, share_prefix=True)
-        self.batches = make_batches(tokenize(read_sft_jsonl(path), tokenizer, path), layout, world)
-        self.weight, self.seed, self.world = a.weight, a.seed, world
-
-    def grads(self, model, step: int):
-        import mlx.nn as nn
-        from mlx.utils import tree_map
-
-        from ..llm.sft_loss import loss_sum
-        from .sft import batch_at, mean_gradient
-        batch = self.batches[batch_at(step - 1, len(self.batches), self.seed)]
-        model.train()
-        grads, total, count, _ = mean_gradient(model, nn.value_and_grad(model, loss_sum), [batch], self.world)
-        model.eval()
-        return tree_map(lambda g: self.weight * g, grads), total / max(count, 1.0)
 
 
 def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: frozenset, step: int, world) -> dict:
@@ -364,8 +328,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 totals = np.array([r for p in parts for r in p["rewards"]])
                 slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
-                        "kl": upd.kl, "grad_norm": upd.grad_norm, "anchor_loss": anchor_loss, "reward_mean": float(totals.mean()),
-                        "reward_std": float(totals.std()),
+                        "kl": upd.kl, "grad_norm": upd.grad_norm, "anchor_loss": anchor_loss,
+                        "reward_mean": float(totals.mean()), "reward_std": float(totals.std()),
                         "rewards": grpo_step.value_stats([v for p in parts for v in p["values"]]),
                         **grpo_step.rates_from_counts([p["counts"] for p in parts]),
                         "skipped_groups": upd.skipped_groups, "unplayable_groups": upd.unplayable_groups,

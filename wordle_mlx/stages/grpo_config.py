@@ -125,7 +125,8 @@ class AnchorSection(StrictModel):
                              "cross-entropy of one batch of it to the GRPO loss before clipping (InstructGPT's "
                              "PPO-ptx: a supervised term that holds the policy near what it was fitted to). "
                              "Measured (docs/RESULTS.md, session 27): 16 anchored steps from the shipped adapter "
-                             "won 41 / 200, the anchor's SFT steps alone 38, plain GRPO 48 (all within noise).")
+                             "won 41 / 200, the anchor's SFT steps alone 38, plain GRPO 48 (43 at step 24): all "
+                             "within noise of the start's 45.")
     weight: float = Field(1.0, ge=0, description="Multiplier of the anchor's token-mean cross-entropy.")
     batch_size: int = Field(16, ge=1, description="Records per step, drawn in length buckets as `sft` draws them.")
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Order of the anchor batches.")

@@ -125,8 +125,7 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
         return ScoredItem([seq], group, rewards.total(values), values), parsed
 
     while active := [g for g in games if not g.done]:
-        prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.last_error, g.earlier_errors)
-                      for g in active]
+        prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.turn_errors) for g in active]
         if continue_with == "greedy":      # the greedy reply decoded in the same batch as the G samples
             samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn,
                                                         greedy_logprobs_at_temperature=train_greedy)

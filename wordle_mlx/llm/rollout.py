@@ -63,17 +63,16 @@ class _Game:
     """A game in progress: its episode plus what the next prompt needs."""
     episode: Episode
     texts: list[TurnText] = field(default_factory=list)
-    last_error: tuple[str, str | None] | None = None
-    earlier_errors: list[tuple[str, str | None]] = field(default_factory=list)   # this turn's, before last_error
+    turn_errors: list[tuple[str, str | None]] = field(default_factory=list)   # (kind, guess) since the last played guess
     done: bool = False
 
 
 def prompt_token_ids(tokenizer, cfg: RolloutConfig, state: GameState, texts: Sequence[TurnText] = (),
-                     last_error: tuple[str, str | None] | None = None,
-                     earlier_errors: Sequence[tuple[str, str | None]] = ()) -> list[int]:
-    """Token ids of the next prompt for this board (chat template, generation prompt added)."""
+                     turn_errors: Sequence[tuple[str, str | None]] = ()) -> list[int]:
+    """Token ids of the next prompt for this board (chat template, generation prompt added); `turn_errors` are
+    the invalid replies (kind, guess) since the last played guess, oldest first."""
     messages = build_messages(cfg.prompt, state.history(), texts, max_guesses=state.max_guesses,
-                              last_error=last_error, earlier_errors=earlier_errors)
+                              last_error=turn_errors[-1] if turn_errors else None, earlier_errors=turn_errors[:-1])
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return [int(t) for t in (ids if isinstance(ids, list) else ids.tolist())]
 
@@ -144,12 +143,10 @@ def _apply(game: _Game, prompt: list[int], reply: Completion, cfg: RolloutConfig
         turn.repeated = parsed.guess in state.guesses
         turn.consistent = is_consistent(parsed.guess, history)
         turn.pattern = state.play(parsed.guess)
-        game.last_error, game.earlier_errors = None, []
+        game.turn_errors = []
     else:
         ep.invalid_replies += 1
-        if game.last_error is not None:
-            game.earlier_errors.append(game.last_error)
-        game.last_error = (parsed.error, parsed.guess)
+        game.turn_errors.append((parsed.error, parsed.guess))
         if cfg.invalid_costs_turn:
             state.max_guesses -= 1
     ep.turns.append(turn)
@@ -188,8 +185,7 @@ def play_games(model, tokenizer, games: Sequence[GameSpec], cfg: RolloutConfig, 
                 g.episode.timed_out = True
             break
         turn_no += 1
-        prompts = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.last_error, g.earlier_errors)
-                   for g in active]
+        prompts = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.turn_errors) for g in active]
         replies = generate(prompts, cfg)
         if len(replies) != len(prompts):
             raise RuntimeError(f"generation backend returned {len(replies)} replies for {len(prompts)} prompts")

@@ -228,7 +228,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
     generate = generate_fn or BatchedGenerator(model, tokenizer)
-    anchor = SFTAnchor(cfg, tokenizer, rl.prompt, world) if cfg.anchor.data and cfg.anchor.weight > 0 else None
+    anchor = SFTAnchor(cfg, model, tokenizer, rl.prompt, world) if cfg.anchor.data and cfg.anchor.weight > 0 else None
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
         cfg.grpo.averaging, cfg.grpo.advantage == "normalized", cfg.grpo.unplayable_advantage, t.max_grad_norm,
@@ -314,7 +314,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     replies += more.replies
                     tokens += more.tokens_generated
                     rollout_s += more.seconds
-                anchor_grads, anchor_loss = anchor.grads(model, step) if anchor else (None, None)
+                anchor_grads, anchor_loss = anchor.grads(step) if anchor else (None, None)
                 upd = grpo_step.policy_update(model, optimizer, items, settings, world, anchor_grads)
                 if upd.finite:
                     st["nonfinite_in_row"] = 0

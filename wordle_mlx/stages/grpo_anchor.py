@@ -19,14 +19,15 @@ from .grpo_config import GRPOConfig
 class SFTAnchor:
     """The `anchor` section at work: batches of an SFT data folder (tokenized and cut into length buckets as
     `wordle-mlx sft` does, shared prefix included), one per step in a seeded shuffle that depends only on the
-    step, so a resumed run draws the same ones; `grads(model, step)` is `weight` x the gradient of their
+    step, so a resumed run draws the same ones; `grads(step)` is `weight` x the gradient of their
     token-mean cross-entropy, summed over ranks."""
 
-    def __init__(self, cfg: GRPOConfig, tokenizer, prompt, world):
-        from types import SimpleNamespace
+    def __init__(self, cfg: GRPOConfig, model, tokenizer, prompt, world):
+        import mlx.nn as nn
 
+        from ..llm.sft_loss import loss_sum
         from .data import read_sft_jsonl
-        from .sft import make_batches, tokenize
+        from .sft import SFTConfig, make_batches, tokenize
         a = cfg.anchor
         folder = resolve_path(cfg, a.data).resolve()
         path = folder / "train.jsonl"
@@ -41,18 +42,18 @@ class SFTAnchor:
                             f"({str(exc).splitlines()[0]})") from None
         if not same:
             raise UserError(f"anchor.data: {stats} prompt {shown} differs from the rollout prompt {prompt.model_dump()}")
-        layout = SimpleNamespace(batch_size=a.batch_size, pad_to=32, max_seq_length=1024, share_prefix=True)
+        layout = SFTConfig(batch_size=a.batch_size)     # the sft stage's padding, length cap and shared prefix
         self.batches = make_batches(tokenize(read_sft_jsonl(path), tokenizer, path), layout, world)
         self.weight, self.seed, self.world = a.weight, a.seed, world
+        self.model, self.loss_and_grad = model, nn.value_and_grad(model, loss_sum)
 
-    def grads(self, model, step: int):
-        import mlx.nn as nn
+    def grads(self, step: int):
         from mlx.utils import tree_map
 
-        from ..llm.sft_loss import loss_sum
         from .sft import batch_at, mean_gradient
+        model = self.model
         batch = self.batches[batch_at(step - 1, len(self.batches), self.seed)]
         model.train()
-        grads, total, count, _ = mean_gradient(model, nn.value_and_grad(model, loss_sum), [batch], self.world)
+        grads, total, count, _ = mean_gradient(model, self.loss_and_grad, [batch], self.world)
         model.eval()
         return tree_map(lambda g: self.weight * g, grads), total / max(count, 1.0)

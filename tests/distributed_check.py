@@ -71,7 +71,7 @@ def grpo_gradient(items, world, averaging: str) -> tuple[dict, dict]:
 
     model = tiny_policy()
     before = flat(model)
-    settings = UpdateSettings(LossSettings(0.2, None, 0.0, 1.0), averaging, True, max_grad_norm=0.0,
+    settings = UpdateSettings(LossSettings(0.2, None, 0.0, 1.0), averaging, "normalized", max_grad_norm=0.0,
                               max_tokens=48, max_loss_tokens=12)
     upd = policy_update(model, optim.SGD(learning_rate=1.0), items, settings, world)
     after = flat(model)

@@ -21,8 +21,8 @@ from wordle_mlx.llm import grpo_loss as grpo_loss_module
 from wordle_mlx.llm import grpo_step
 from wordle_mlx.llm.episode import TokenSequence
 from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, group_advantages, grpo_loss,
-                                      lora_disabled, pack_batch, selected_logprobs)
+from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, expected_reward_advantages,
+                                      group_advantages, grpo_loss, lora_disabled, pack_batch, selected_logprobs)
 from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
 from wordle_mlx.llm.lora import apply_lora, lora_parameters
 from wordle_mlx.llm.models import load_model
@@ -90,6 +90,78 @@ class Advantages(unittest.TestCase):
     def test_nonfinite_reward_raises(self):
         with self.assertRaises(ValueError):
             group_advantages([1.0, float("nan")], [0, 0])
+
+
+class ExpectedRewardAdvantages(unittest.TestCase):
+    """grpo.advantage 'expected' (minimum risk training): distinct replies weighted by renormalised probability."""
+
+    def test_hand_computed_group_with_a_duplicate(self):
+        # group 0: replies a, b, a (a sampled twice), c; p(a) = 0.5, p(b) = 0.3, p(c) = 0.2 (renormalised below)
+        lp = np.log([0.5, 0.3, 0.5, 0.2])
+        adv, skipped = expected_reward_advantages([1.0, 0.0, 1.0, 2.0], [0, 0, 0, 0], lp, ["a", "b", "a", "c"])
+        q = np.array([0.5, 0.3, 0.2])
+        mean = q @ [1.0, 0.0, 2.0]                                  # 0.9
+        a, b, c = q * (np.array([1.0, 0.0, 2.0]) - mean)
+        np.testing.assert_allclose(adv, [a / 2, b, a / 2, c], rtol=1e-12)
+        self.assertEqual(skipped, 0)
+        self.assertAlmostEqual(float(adv.sum()), 0.0, places=12)    # sum of Q (r - mean) is 0
+
+    def test_sharpness_flattens_and_equal_rewards_are_skipped(self):
+        lp = np.log([0.9, 0.1, 0.5, 0.5])
+        flat, skipped = expected_reward_advantages([1.0, 0.0, 3.0, 3.0], [0, 0, 1, 1], lp, [1, 2, 3, 4], 1e-9)
+        np.testing.assert_allclose(flat, [0.25, -0.25, 0.0, 0.0], atol=1e-8)   # Q uniform over a and b
+        self.assertEqual(skipped, 1)
+
+    def test_bad_input_raises(self):
+        with self.assertRaises(ValueError):
+            expected_reward_advantages([1.0, 0.0], [0, 0], [0.0, float("-inf")], ["a", "b"])
+        with self.assertRaises(ValueError):
+            expected_reward_advantages([1.0, 0.0], [0, 0], [0.0], ["a", "b"])
+        with self.assertRaises(ValueError):
+            grpo_step.item_advantages([], "median")
+        with self.assertRaises(ValueError):
+            stage.GRPOSection(advantage="expected", averaging="sequence")
+
+    def test_update_is_the_gradient_of_the_expected_reward(self):
+        """One SGD step with 'expected' advantages, token averaging and no clipping moves the LoRA weights by
+        exactly lr / N x the gradient of sum_y Q(y) r(y) over the group's distinct replies (N model tokens),
+        Q computed from the model's own log-probs: the minimum risk training objective, differentiated by MLX."""
+        import mlx.nn as nn
+
+        model, tok = tiny_policy(11)
+        for _, m in model.named_modules():
+            if hasattr(m, "lora_b"):
+                m.lora_b = mx.random.normal(m.lora_b.shape) * 0.05
+        prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+        mx.random.seed(4)
+        items = sample_items(model, tok, prompt, 1, 5, 4, lambda t: float(t[0] % 3) + 0.1 * len(t))
+        items.append(ScoredItem([items[0].sequences[0]], 0, items[0].reward, {}))   # a duplicate reply
+        seqs = {tuple(it.sequences[0].tokens): it for it in items}
+        self.assertGreaterEqual(len(seqs), 3)
+        distinct = [it.sequences[0] for it in seqs.values()]
+        rewards = mx.array([it.reward for it in seqs.values()])
+        n_tokens = sum(sum(it.sequences[0].mask) for it in items)
+        arrays = batch_arrays(pack_batch(distinct, [0.0] * len(distinct),
+                                         averaging_weights([sum(q.mask) for q in distinct], "token")))
+        rows = mx.array(pack_batch(distinct, [0.0] * len(distinct),
+                                   averaging_weights([sum(q.mask) for q in distinct], "token")).sequence)
+
+        def expected_reward(_):
+            lp = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.0)
+            seq_lp = mx.zeros((len(distinct),)).at[rows].add(lp)
+            return (mx.softmax(seq_lp) * rewards).sum()
+
+        _, grads = nn.value_and_grad(model, expected_reward)(None)
+        start = [(k, mx.array(v)) for k, v in tree_flatten(model.trainable_parameters())]
+        lr = 0.5
+        result = policy_update(model, optim.SGD(learning_rate=lr), items,
+                               UpdateSettings(LossSettings(), advantage="expected", max_grad_norm=0.0))
+        self.assertTrue(result.applied)
+        moved = dict(tree_flatten(model.trainable_parameters()))
+        for k, g in tree_flatten(grads):
+            np.testing.assert_allclose(np.array(moved[k]) - np.array(dict(start)[k]), lr / n_tokens * np.array(g),
+                                       atol=2e-6, err_msg=k)
+        self.assertGreater(max(float(mx.abs(g).max()) for _, g in tree_flatten(grads)), 1e-4)
 
 
 class UnplayableGroups(unittest.TestCase):

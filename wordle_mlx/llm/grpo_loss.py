@@ -1,7 +1,10 @@
 """The GRPO objective: group-relative advantages, packed token batches and the clipped-ratio loss.
 
 `group_advantages` turns per-sample rewards and group ids into advantages, (r - mean) / (std + eps) or
-r - mean; a group whose rewards are all equal gets exactly 0 and is reported as skipped. `pack_batch`
+r - mean; a group whose rewards are all equal gets exactly 0 and is reported as skipped.
+`expected_reward_advantages` is the alternative of minimum risk training: each distinct reply of a group is
+weighted by its renormalised probability, which makes the update the exact gradient of the expected reward
+over the group's replies. `pack_batch`
 right-pads `TokenSequence`s into one input array and keeps, for the model tokens only (mask 1), the flat
 position, target id, rollout log-prob, advantage and a weight; the weights implement the averaging:
 `token` (every model token in the step counts the same, DAPO) or `sequence` (each reply's tokens are
@@ -53,6 +56,53 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], scale: boo
             continue
         centred = r - r.mean()
         out[idx] = centred / (r.std() + eps) if scale else centred
+    return out, skipped
+
+
+def expected_reward_advantages(rewards: Sequence[float], groups: Sequence[int], logprobs: Sequence[float],
+                               keys: Sequence[object], sharpness: float = 1.0) -> tuple[np.ndarray, int]:
+    """(advantage per sample, number of zero-variance groups) for minimum risk training over each group's set.
+
+    Within a group, the distinct replies (equal `keys`) form a set S; each gets the weight
+    Q(y) = p(y)^a / sum over S of p^a (p from the sequence log-probs `logprobs`, a = `sharpness`), and the
+    advantage Q(y) (r(y) - sum over S of Q r), split evenly among its copies. With token-sum weights, the
+    policy gradient with these advantages is exactly (1 / a) x the gradient of the expected reward sum Q r
+    over S (Shen et al. 2016): unlike GRPO's sampled estimate, a reply counts once, by its probability, so an
+    unlikely sample moves the policy little and a duplicated one no more than once.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    logprobs = np.asarray(logprobs, dtype=np.float64)
+    groups = np.asarray(groups)
+    if not (rewards.shape == groups.shape == logprobs.shape == (len(keys),)):
+        raise ValueError(f"{len(rewards)} rewards, {len(logprobs)} log-probs and {len(keys)} keys for "
+                         f"{len(groups)} group ids")
+    if not np.all(np.isfinite(rewards)):
+        raise ValueError(f"non-finite reward in {rewards.tolist()}")
+    if not np.all(np.isfinite(logprobs)):
+        raise ValueError(f"non-finite sequence log-prob in {logprobs.tolist()}")
+    if not sharpness > 0:
+        raise ValueError(f"sharpness must be > 0, got {sharpness}")
+    out = np.zeros_like(rewards)
+    skipped = 0
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        first: dict[object, int] = {}
+        for i in idx:
+            first.setdefault(keys[i], i)
+        uniq = list(first.values())
+        r = rewards[uniq]
+        if r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()):
+            skipped += 1
+            continue
+        z = sharpness * logprobs[uniq]
+        q = np.exp(z - z.max())
+        q /= q.sum()
+        adv = dict(zip((keys[i] for i in uniq), q * (r - float(q @ r))))
+        copies: dict[object, int] = {}
+        for i in idx:
+            copies[keys[i]] = copies.get(keys[i], 0) + 1
+        for i in idx:
+            out[i] = adv[keys[i]] / copies[keys[i]]
     return out, skipped
 
 

@@ -13,7 +13,7 @@ policy's own temperature-0 reply (a greedy row in the same batch), so the boards
 included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
 member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
-component values. `policy_update` computes group advantages, drops zero-variance groups (or, with
+component values. `policy_update` computes group advantages (or minimum risk training's, `advantage="expected"`), drops zero-variance groups (or, with
 `unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the rest into
 micro-batches (replies that share a prompt together, the prompt run once; the others of at most `max_tokens`
 padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only when the loss
@@ -30,8 +30,8 @@ import numpy as np
 
 from ..game.rewards import COMPONENTS, ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
-from .grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch, pack_shared_batch,
-                        reference_logprobs, shared_prompt_groups, split_batch)
+from .grpo_loss import (LossSettings, batch_arrays, expected_reward_advantages, group_advantages, grpo_loss, pack_batch,
+                        pack_shared_batch, reference_logprobs, shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
 from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids,
                       sample_replies, sample_replies_and_greedy)
@@ -203,7 +203,8 @@ def game_rates(episodes: Sequence[Episode], replies: Sequence[Turn]) -> dict:
 class UpdateSettings:
     loss: LossSettings
     averaging: str = "token"
-    scale_advantages: bool = True
+    advantage: str = "normalized"        # GRPO: "normalized" or "centered"; or "expected" (minimum risk training)
+    expected_sharpness: float = 1.0      # "expected": Q(y) is proportional to p(y) ** expected_sharpness
     unplayable_advantage: float = 0.0    # advantage of a group in which no reply played a word (0 = GRPO: skipped)
     max_grad_norm: float = 1.0           # 0 = no clipping
     max_tokens: int = 4096               # padded tokens per micro-batch
@@ -252,8 +253,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
 
     world = world or World()
     start = time.perf_counter()
-    advantages, skipped = group_advantages([it.reward for it in items], [it.group for it in items],
-                                           scale=s.scale_advantages)
+    advantages, skipped = item_advantages(items, s.advantage, s.expected_sharpness)
     advantages, unplayable = unplayable_group_advantages(items, advantages, s.unplayable_advantage)
     skipped -= unplayable
     live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
@@ -309,6 +309,19 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     model.eval()
     return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, int(total_tokens),
                         time.perf_counter() - start, unplayable)
+
+
+def item_advantages(items: Sequence[ScoredItem], advantage: str, sharpness: float = 1.0) -> tuple[np.ndarray, int]:
+    """(advantage per item, zero-variance groups): GRPO's group-relative ones, or with "expected" those of
+    minimum risk training, from each item's summed rollout log-prob, its replies' tokens as its identity."""
+    rewards, groups = [it.reward for it in items], [it.group for it in items]
+    if advantage in ("normalized", "centered"):
+        return group_advantages(rewards, groups, scale=advantage == "normalized")
+    if advantage != "expected":
+        raise ValueError(f"unknown advantage {advantage!r}; use 'normalized', 'centered' or 'expected'")
+    logprobs = [sum(lp for q in it.sequences for lp, m in zip(q.logprobs, q.mask) if m) for it in items]
+    keys = [tuple(t for q in it.sequences for t, m in zip(q.tokens, q.mask) if m) for it in items]
+    return expected_reward_advantages(rewards, groups, logprobs, keys, sharpness)
 
 
 def unplayable_group_advantages(items: Sequence[ScoredItem], advantages: np.ndarray,

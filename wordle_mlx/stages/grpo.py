@@ -231,8 +231,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     anchor = SFTAnchor(cfg, model, tokenizer, rl.prompt, world) if cfg.anchor.data and cfg.anchor.weight > 0 else None
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
-        cfg.grpo.averaging, cfg.grpo.advantage == "normalized", cfg.grpo.unplayable_advantage, t.max_grad_norm,
-        t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch, reference_weights=start_weights)
+        cfg.grpo.averaging, cfg.grpo.advantage, cfg.grpo.expected_sharpness, cfg.grpo.unplayable_advantage,
+        t.max_grad_norm, t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch, reference_weights=start_weights)
     rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy)
                if rl.mode == "turn" else grpo_step.rollout_episode_mode)
 

@@ -112,11 +112,26 @@ class GRPOSection(StrictModel):
         "(model.adapter's weights, or the fresh LoRA, which equals the base model), kept as a copy of the LoRA "
         "weights, so beta pulls against drift away from the SFT policy."))
     averaging: Literal["token", "sequence"] = "token"
-    advantage: Literal["normalized", "centered"] = "normalized"
+    advantage: Literal["normalized", "centered", "expected"] = Field("normalized", description=(
+        "'normalized': GRPO, (r - mean) / std within a group; 'centered': r - mean (Dr. GRPO); 'expected': minimum "
+        "risk training (Shen et al. 2016) over each group's distinct replies, each weighted by its probability "
+        "renormalised over the group (p ** expected_sharpness), so the update is the exact gradient of the "
+        "expected reward over that set: an unlikely sample moves the policy little. Needs averaging 'token' "
+        "(a reply's log-prob is the sum of its tokens')."))
+    expected_sharpness: float = Field(1.0, gt=0, le=10, description=(
+        "'expected' advantages: Q(y) is proportional to p(y) ** expected_sharpness; 1 = the policy's own "
+        "probabilities, smaller values flatten Q toward uniform over the distinct replies."))
     resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")
     unplayable_advantage: float = Field(0.0, ge=-5.0, le=0.0, description=(
         "Advantage of every reply in a zero-variance group where no reply played a word (all non-words or "
         "format errors); 0 = plain GRPO, which skips such groups; e.g. -1 pushes them down."))
+
+
+    @model_validator(mode="after")
+    def _check_expected(self) -> "GRPOSection":
+        if self.advantage == "expected" and self.averaging != "token":
+            raise ValueError(f"advantage 'expected' needs averaging 'token', got {self.averaging!r}")
+        return self
 
 
 class AnchorSection(StrictModel):

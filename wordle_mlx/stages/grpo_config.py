@@ -117,7 +117,9 @@ class GRPOSection(StrictModel):
         "risk training (Shen et al. 2016) over each group's distinct replies, each weighted by its probability "
         "renormalised over the group (p ** expected_sharpness), so the update is the exact gradient of the "
         "expected reward over that set: an unlikely sample moves the policy little. Needs averaging 'token' "
-        "(a reply's log-prob is the sum of its tokens')."))
+        "(a reply's log-prob is the sum of its tokens'). Measured (docs/RESULTS.md, session 28): from the shipped "
+        "adapter it lost greedy wins step by step (45 -> 43, 36, 33 at steps 8, 16, 24) where GRPO on the same "
+        "secrets gave 46 and 51."))
     expected_sharpness: float = Field(1.0, gt=0, le=10, description=(
         "'expected' advantages: Q(y) is proportional to p(y) ** expected_sharpness; 1 = the policy's own "
         "probabilities, smaller values flatten Q toward uniform over the distinct replies."))

@@ -164,6 +164,40 @@ class ExpectedRewardAdvantages(unittest.TestCase):
         self.assertGreater(max(float(mx.abs(g).max()) for _, g in tree_flatten(grads)), 1e-4)
 
 
+class PositiveOnly(unittest.TestCase):
+    """grpo.positive_only (self-imitation): replies below their group's mean are not trained on."""
+
+    def test_update_equals_one_on_the_positive_replies_alone(self):
+        model, tok = tiny_policy(12)
+        prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+        mx.random.seed(5)
+        items = sample_items(model, tok, prompt, 2, 4, 5, lambda t: float(t[0] % 4) + 0.01 * len(t))
+        adv, _ = group_advantages([it.reward for it in items], [it.group for it in items])
+        self.assertTrue((adv > 0).any() and (adv < 0).any())
+        start = [(k, mx.array(v)) for k, v in tree_flatten(model.trainable_parameters())]
+        settings = UpdateSettings(LossSettings(), max_grad_norm=0.0, positive_only=True)
+        first = policy_update(model, optim.SGD(learning_rate=0.1), items, settings)
+        moved = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+        # the same step by hand: only the replies with a positive advantage, their token weights over all tokens
+        model.update(tree_unflatten(start))
+        seqs = [it.sequences[0] for it, a in zip(items, adv) if a > 0]
+        n_tokens = sum(sum(it.sequences[0].mask) for it, a in zip(items, adv) if a > 0) + \
+            sum(sum(it.sequences[0].mask) for it, a in zip(items, adv) if a < 0)
+        weights = [np.full(sum(q.mask), 1.0 / n_tokens) for q in seqs]
+        arrays = batch_arrays(pack_batch(seqs, [float(a) for a in adv if a > 0], weights))
+        import mlx.nn as nn
+
+        _, grads = nn.value_and_grad(model, lambda a: grpo_loss(model, a, LossSettings())[0])(arrays)
+        for k, g in tree_flatten(grads):
+            np.testing.assert_allclose(moved[k], np.array(dict(start)[k]) - 0.1 * np.array(g), atol=1e-6, err_msg=k)
+        self.assertTrue(first.applied)
+        plain = policy_update(model, optim.SGD(learning_rate=0.1), items,
+                              UpdateSettings(LossSettings(), max_grad_norm=0.0))
+        self.assertGreater(plain.trained_tokens, 0)
+        with self.assertRaises(ValueError):
+            stage.GRPOSection(positive_only=True, unplayable_advantage=-1.0)
+
+
 class UnplayableGroups(unittest.TestCase):
     """grpo.unplayable_advantage: a zero-variance group in which no reply played a word gets that advantage."""
 

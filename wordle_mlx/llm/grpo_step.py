@@ -14,7 +14,7 @@ included, are the ones greedy evaluation reaches; with `train_greedy` that reply
 member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages (or, with `advantage="expected"`, those of minimum
-risk training: `item_advantages`), drops zero-variance groups (or, with `unplayable_advantage` < 0, gives a
+risk training: `item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups (or, with `unplayable_advantage` < 0, gives a
 dead group that played no word that advantage), splits the rest into
 micro-batches (replies that share a prompt together, the prompt run once; the others of at most `max_tokens`
 padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only when the loss
@@ -212,6 +212,7 @@ class UpdateSettings:
     max_loss_tokens: int = 256           # model tokens per micro-batch (each one is a vocab-sized logit row)
     share_prompts: bool = True           # replies to one prompt: run the prompt once (pack_shared_batch)
     reference_weights: object = None     # LoRA weights of the KL reference (beta > 0); None = LoRA switched off
+    positive_only: bool = False          # train only on replies with advantage > 0 (self-imitation)
 
 
 @dataclass
@@ -256,6 +257,8 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     start = time.perf_counter()
     advantages, skipped = item_advantages(items, s.advantage, s.expected_sharpness)
     advantages, unplayable = unplayable_group_advantages(items, advantages, s.unplayable_advantage)
+    if s.positive_only:
+        advantages = np.maximum(advantages, 0.0)
     skipped -= unplayable
     live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
     seqs, advs = [], []

@@ -232,7 +232,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
         cfg.grpo.averaging, cfg.grpo.advantage, cfg.grpo.expected_sharpness, cfg.grpo.unplayable_advantage,
-        t.max_grad_norm, t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch, reference_weights=start_weights)
+        t.max_grad_norm, t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch,
+        reference_weights=start_weights, positive_only=cfg.grpo.positive_only)
     rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy)
                if rl.mode == "turn" else grpo_step.rollout_episode_mode)
 

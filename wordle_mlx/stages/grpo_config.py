@@ -129,8 +129,15 @@ class GRPOSection(StrictModel):
         "format errors); 0 = plain GRPO, which skips such groups; e.g. -1 pushes them down."))
 
 
+    positive_only: bool = Field(False, description=(
+        "Train only on replies whose advantage is above 0, the rest get 0 (self-imitation learning, Oh et al. "
+        "2018): the update pulls up the better replies of a group and never pushes a reply down."))
+
     @model_validator(mode="after")
     def _check_expected(self) -> "GRPOSection":
+        if self.positive_only and self.unplayable_advantage < 0:
+            raise ValueError(f"positive_only drops negative advantages, so unplayable_advantage "
+                             f"{self.unplayable_advantage} would do nothing; set it to 0")
         if self.advantage == "expected" and self.averaging != "token":
             raise ValueError(f"advantage 'expected' needs averaging 'token', got {self.averaging!r}")
         return self

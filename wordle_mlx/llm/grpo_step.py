@@ -14,10 +14,10 @@ included, are the ones greedy evaluation reaches; with `train_greedy` that reply
 member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages (or, with `advantage="expected"`, those of minimum
-risk training: `item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups (or, with `unplayable_advantage` < 0, gives a
-dead group that played no word that advantage), splits the rest into
-micro-batches (replies that share a prompt together, the prompt run once; the others of at most `max_tokens`
-padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only when the loss
+risk training: `item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups
+(or, with `unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the rest
+into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
+`max_tokens` padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only when the loss
 and gradient norm are finite.
 """
 

@@ -17,8 +17,8 @@ component values. `policy_update` computes group advantages (or, with `advantage
 risk training: `item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups
 (or, with `unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the rest
 into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
-`max_tokens` padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only when the loss
-and gradient norm are finite.
+`max_tokens` padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only
+when the loss and gradient norm are finite.
 """
 
 from __future__ import annotations

@@ -141,10 +141,8 @@ class ExpectedRewardAdvantages(unittest.TestCase):
         distinct = [it.sequences[0] for it in seqs.values()]
         rewards = mx.array([it.reward for it in seqs.values()])
         n_tokens = sum(sum(it.sequences[0].mask) for it in items)
-        arrays = batch_arrays(pack_batch(distinct, [0.0] * len(distinct),
-                                         averaging_weights([sum(q.mask) for q in distinct], "token")))
-        rows = mx.array(pack_batch(distinct, [0.0] * len(distinct),
-                                   averaging_weights([sum(q.mask) for q in distinct], "token")).sequence)
+        packed = pack_batch(distinct, [0.0] * len(distinct), averaging_weights([sum(q.mask) for q in distinct], "token"))
+        arrays, rows = batch_arrays(packed), mx.array(packed.sequence)
 
         def expected_reward(_):
             lp = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.0)

@@ -87,8 +87,10 @@ def expected_reward_advantages(rewards: Sequence[float], groups: Sequence[int], 
     for g in np.unique(groups):
         idx = np.flatnonzero(groups == g)
         first: dict[object, int] = {}
+        copies: dict[object, int] = {}
         for i in idx:
             first.setdefault(keys[i], i)
+            copies[keys[i]] = copies.get(keys[i], 0) + 1
         uniq = list(first.values())
         r = rewards[uniq]
         if r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()):
@@ -98,9 +100,6 @@ def expected_reward_advantages(rewards: Sequence[float], groups: Sequence[int], 
         q = np.exp(z - z.max())
         q /= q.sum()
         adv = dict(zip((keys[i] for i in uniq), q * (r - float(q @ r))))
-        copies: dict[object, int] = {}
-        for i in idx:
-            copies[keys[i]] = copies.get(keys[i], 0) + 1
         for i in idx:
             out[i] = adv[keys[i]] / copies[keys[i]]
     return out, skipped

@@ -141,7 +141,8 @@ class ExpectedRewardAdvantages(unittest.TestCase):
         distinct = [it.sequences[0] for it in seqs.values()]
         rewards = mx.array([it.reward for it in seqs.values()])
         n_tokens = sum(sum(it.sequences[0].mask) for it in items)
-        packed = pack_batch(distinct, [0.0] * len(distinct), averaging_weights([sum(q.mask) for q in distinct], "token"))
+        packed = pack_batch(distinct, [0.0] * len(distinct),
+                            averaging_weights([sum(q.mask) for q in distinct], "token"))
         arrays, rows = batch_arrays(packed), mx.array(packed.sequence)
 
         def expected_reward(_):

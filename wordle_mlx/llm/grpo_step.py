@@ -11,7 +11,9 @@ with the first of the G replies: they are independent draws, so that is one on-p
 later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
 policy's own temperature-0 reply (a greedy row in the same batch), so the boards, error messages
 included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
-member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a
+member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. With
+`turn_reward="greedy_return"`, each distinct reply's game is then played on greedily to its end (one lockstep
+batch, `rollout.play_on`) and win/early score that game: the reply's exact value under greedy play. The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages (or, with `advantage="expected"`, those of minimum
 risk training: `item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups
@@ -23,6 +25,7 @@ when the loss and gradient norm are finite.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
@@ -34,8 +37,8 @@ from .episode import Episode, TokenSequence, Turn
 from .grpo_loss import (LossSettings, batch_arrays, expected_reward_advantages, group_advantages, grpo_loss, pack_batch,
                         pack_shared_batch, reference_logprobs, shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
-from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids,
-                      sample_replies, sample_replies_and_greedy)
+from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _Game, _start, play_games, play_on,
+                      prompt_token_ids, sample_replies, sample_replies_and_greedy)
 
 
 @dataclass
@@ -99,11 +102,15 @@ def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_gene
 
 
 CONTINUE_WITH = ("best", "sampled", "greedy")
+TURN_REWARDS = ("immediate", "greedy_return")
 
 
 def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
                       allowed: Collection[str], rewards: Rewards, generate_fn,
-                      continue_with: str = "best", train_greedy: bool = False) -> RolloutResult:
+                      continue_with: str = "best", train_greedy: bool = False,
+                      turn_reward: str = "immediate") -> RolloutResult:
+    if turn_reward not in TURN_REWARDS:
+        raise ValueError(f"turn_reward must be one of {', '.join(TURN_REWARDS)}, got {turn_reward!r}")
     if continue_with not in CONTINUE_WITH:
         raise ValueError(f"continue_with must be one of {', '.join(CONTINUE_WITH)}, got {continue_with!r}")
     if train_greedy and continue_with != "greedy":
@@ -114,6 +121,15 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
     items: list[ScoredItem] = []
     replies: list[Turn] = []
     group = 0
+    branches: dict[tuple, _Game] = {}   # (group, reply tokens) -> a copy of the game with that reply applied
+    branch_of: list[tuple[int, tuple]] = []   # (item index, its branch)
+
+    def branch(game: _Game, prompt: list[int], c: Completion) -> None:
+        key = (group, tuple(c.tokens))
+        if key not in branches:
+            branches[key] = copy.deepcopy(game)
+            _apply(branches[key], prompt, c, cfg, allowed)
+        branch_of.append((len(items) - 1, key))
 
     def score(state, prompt, c: Completion) -> tuple[ScoredItem, ParsedReply]:
         parsed = parse_reply(c.text, cfg.prompt.require_think, allowed)
@@ -139,11 +155,15 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
             for c in completions:
                 item, parsed = score(state, prompt, c)
                 items.append(item)
+                if turn_reward == "greedy_return":
+                    branch(game, prompt, c)
                 scored.append((parsed.error is None, item.reward, c))
                 replies.append(Turn(list(prompt), list(c.tokens), list(c.logprobs), c.text, parsed.guess,
                                     parsed.error, finish_reason=c.finish_reason))
             if train_greedy:               # the greedy reply joins its group as member G + 1
                 items.append(score(state, prompt, greedy_reply)[0])
+                if turn_reward == "greedy_return":
+                    branch(game, prompt, greedy_reply)
             group += 1
             if continue_with == "best":
                 chosen = scored[max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))][2]
@@ -152,8 +172,24 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
             else:
                 chosen = greedy_reply
             _apply(game, prompt, chosen, cfg, allowed)
-    return RolloutResult(items, [g.episode for g in games], replies,
-                         sum(len(t.completion_tokens) for t in replies), time.perf_counter() - start)
+    tokens = sum(len(t.completion_tokens) for t in replies)
+    if turn_reward == "greedy_return":   # every reply's game played on greedily: its value under greedy play
+        tokens += play_on(model, tokenizer, [g for g in branches.values() if not g.done],
+                          cfg.model_copy(update={"temperature": 0.0}), allowed, generate_fn)
+        for i, key in branch_of:
+            game = branches[key]
+            if not game.done:
+                raise RuntimeError(f"the greedy return of a reply for {game.episode.secret!r} was not played out")
+            items[i] = with_game_outcome(items[i], game.episode.state.won, len(game.episode.state.guesses), rewards)
+    return RolloutResult(items, [g.episode for g in games], replies, tokens, time.perf_counter() - start)
+
+
+def with_game_outcome(item: ScoredItem, won: bool, guesses: int, rewards: Rewards) -> ScoredItem:
+    """`item` with win and early scored by how its game ended (won or not, guesses on the board)."""
+    values = dict(item.values)
+    values["win"] = 1.0 if won else 0.0
+    values["early"] = rewards.early_value(won, guesses)
+    return ScoredItem(item.sequences, item.group, rewards.total(values), values)
 
 
 def component_stats(items: Sequence[ScoredItem]) -> dict[str, dict[str, float]]:

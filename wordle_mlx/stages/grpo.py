@@ -234,7 +234,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         cfg.grpo.averaging, cfg.grpo.advantage, cfg.grpo.expected_sharpness, cfg.grpo.unplayable_advantage,
         t.max_grad_norm, t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch,
         reference_weights=start_weights, positive_only=cfg.grpo.positive_only)
-    rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy)
+    rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy,
+                       turn_reward=rl.turn_reward)
                if rl.mode == "turn" else grpo_step.rollout_episode_mode)
 
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}

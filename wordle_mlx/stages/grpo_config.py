@@ -76,6 +76,12 @@ class RLSection(StrictModel):
     train_greedy: bool = Field(False, description=(
         "Turn mode with turn_continue 'greedy': the greedy reply also joins its group as member G + 1 and is "
         "trained on, so each update pushes the reply greedy play gives up or down."))
+    turn_reward: Literal["immediate", "greedy_return"] = Field("immediate", description=(
+        "Turn mode: 'immediate' scores win and early only when the reply itself wins; 'greedy_return' plays each "
+        "distinct reply's game on to its end greedily (temperature 0, the current policy, after all turns in one "
+        "lockstep batch) and scores win and early by how that game ends, so a reply is worth what greedy play "
+        "makes of it (Monte-Carlo values as in VinePPO, exact because greedy play is deterministic); the other "
+        "components still score the reply itself. Costs one more greedy game per distinct reply."))
     completion_batch_size: int = Field(64, ge=1)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
 
@@ -84,6 +90,8 @@ class RLSection(StrictModel):
         if self.train_greedy and (self.mode, self.turn_continue) != ("turn", "greedy"):
             raise ValueError(f"train_greedy needs mode 'turn' and turn_continue 'greedy', got mode {self.mode!r} "
                              f"and turn_continue {self.turn_continue!r}")
+        if self.turn_reward != "immediate" and self.mode != "turn":
+            raise ValueError(f"turn_reward {self.turn_reward!r} needs mode 'turn', got mode {self.mode!r}")
         return self
 
 

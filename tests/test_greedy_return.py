@@ -69,6 +69,18 @@ class GreedyReturn(unittest.TestCase):
         self.assertEqual([it.values["win"] for it in immediate.items], [0.0, 0.0, 0.0])
         self.assertGreater(out.tokens_generated, immediate.tokens_generated)
 
+    def test_strict_returns_charge_a_guess_for_each_rejected_reply(self):
+        """greedy_return_strict, the first test's games: XQZZY's game is PLONK, ABBEY, CRANE after one rejected
+        reply, so it is won with 4 guesses used (early 0.4, not 0.6); SLATE's game has no rejected reply (0.8)."""
+        backend = Scripted(self.tok, [["slate", "slate", "xqzzy"], ["crane"],
+                                      ["crane", "plonk"], ["abbey"], ["crane"]])
+        out = grpo_step.rollout_turn_mode(None, self.tok, [GameSpec("crane")], 3, self.cfg, ALLOWED, self.rewards,
+                                          backend, continue_with="greedy", turn_reward="greedy_return_strict")
+        self.assertEqual(backend.calls, [])
+        self.assertEqual([it.values["win"] for it in out.items], [1.0, 1.0, 1.0])
+        self.assertEqual([it.values["early"] for it in out.items], [0.8, 0.8, 0.4])
+        self.assertTrue(out.episodes[0].won)                  # the main game keeps the game's own rules
+
     def test_a_forfeit_and_a_lost_game_score_nothing_and_the_greedy_member_gets_its_return(self):
         """Secret CRANE, SLATE already on the board, G = 2, train_greedy. Turn 2 samples BOIND (not a word) and
         CRANE (wins now); greedy says PLONK, and all three say CRANE at turn 3. Played on greedily, BOIND is

@@ -13,7 +13,8 @@ policy's own temperature-0 reply (a greedy row in the same batch), so the boards
 included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
 member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. With
 `turn_reward="greedy_return"`, each distinct reply's game is then played on greedily to its end (one lockstep
-batch, `rollout.play_on`) and win/early score that game: the reply's exact value under greedy play. The result is a
+batch, `rollout.play_on`) and win/early score that game: the reply's exact value under greedy play
+("greedy_return_strict": there, a rejected reply uses up a guess and counts as one). The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages (or, with `advantage="expected"`, those of minimum
 risk training: `item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups
@@ -102,7 +103,7 @@ def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_gene
 
 
 CONTINUE_WITH = ("best", "sampled", "greedy")
-TURN_REWARDS = ("immediate", "greedy_return")
+TURN_REWARDS = ("immediate", "greedy_return", "greedy_return_strict")
 
 
 def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
@@ -121,14 +122,17 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
     items: list[ScoredItem] = []
     replies: list[Turn] = []
     group = 0
-    branches: dict[tuple, _Game] = {}   # (group, reply tokens) -> a copy of the game with that reply applied
+    returns = turn_reward != "immediate"
+    # strict: in the played-on game a rejected reply (the scored one included) uses up a guess and counts as one
+    branch_cfg = cfg.model_copy(update={"invalid_costs_turn": True}) if turn_reward.endswith("strict") else cfg
+    branches: dict[tuple, tuple[_Game, int]] = {}   # (group, reply tokens) -> (game copy, invalid replies before)
     branch_of: list[tuple[int, tuple]] = []   # (item index, its branch)
 
     def branch(game: _Game, prompt: list[int], c: Completion) -> None:
         key = (group, tuple(c.tokens))
         if key not in branches:
-            branches[key] = copy.deepcopy(game)
-            _apply(branches[key], prompt, c, cfg, allowed)
+            branches[key] = (copy.deepcopy(game), game.episode.invalid_replies)
+            _apply(branches[key][0], prompt, c, branch_cfg, allowed)
         branch_of.append((len(items) - 1, key))
 
     def score(state, prompt, c: Completion) -> tuple[ScoredItem, ParsedReply]:
@@ -155,14 +159,14 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
             for c in completions:
                 item, parsed = score(state, prompt, c)
                 items.append(item)
-                if turn_reward == "greedy_return":
+                if returns:
                     branch(game, prompt, c)
                 scored.append((parsed.error is None, item.reward, c))
                 replies.append(Turn(list(prompt), list(c.tokens), list(c.logprobs), c.text, parsed.guess,
                                     parsed.error, finish_reason=c.finish_reason))
             if train_greedy:               # the greedy reply joins its group as member G + 1
                 items.append(score(state, prompt, greedy_reply)[0])
-                if turn_reward == "greedy_return":
+                if returns:
                     branch(game, prompt, greedy_reply)
             group += 1
             if continue_with == "best":
@@ -173,14 +177,17 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
                 chosen = greedy_reply
             _apply(game, prompt, chosen, cfg, allowed)
     tokens = sum(len(t.completion_tokens) for t in replies)
-    if turn_reward == "greedy_return":   # every reply's game played on greedily: its value under greedy play
-        tokens += play_on(model, tokenizer, [g for g in branches.values() if not g.done],
-                          cfg.model_copy(update={"temperature": 0.0}), allowed, generate_fn)
+    if returns:                          # every reply's game played on greedily: its value under greedy play
+        tokens += play_on(model, tokenizer, [g for g, _ in branches.values() if not g.done],
+                          branch_cfg.model_copy(update={"temperature": 0.0}), allowed, generate_fn)
         for i, key in branch_of:
-            game = branches[key]
+            game, invalid_before = branches[key]
             if not game.done:
                 raise RuntimeError(f"the greedy return of a reply for {game.episode.secret!r} was not played out")
-            items[i] = with_game_outcome(items[i], game.episode.state.won, len(game.episode.state.guesses), rewards)
+            used = len(game.episode.state.guesses)
+            if branch_cfg.invalid_costs_turn and not cfg.invalid_costs_turn:
+                used += game.episode.invalid_replies - invalid_before
+            items[i] = with_game_outcome(items[i], game.episode.state.won, used, rewards)
     return RolloutResult(items, [g.episode for g in games], replies, tokens, time.perf_counter() - start)
 
 

@@ -76,12 +76,14 @@ class RLSection(StrictModel):
     train_greedy: bool = Field(False, description=(
         "Turn mode with turn_continue 'greedy': the greedy reply also joins its group as member G + 1 and is "
         "trained on, so each update pushes the reply greedy play gives up or down."))
-    turn_reward: Literal["immediate", "greedy_return"] = Field("immediate", description=(
+    turn_reward: Literal["immediate", "greedy_return", "greedy_return_strict"] = Field("immediate", description=(
         "Turn mode: 'immediate' scores win and early only when the reply itself wins; 'greedy_return' plays each "
         "distinct reply's game on to its end greedily (temperature 0, the current policy, after all turns in one "
         "lockstep batch) and scores win and early by how that game ends, so a reply is worth what greedy play "
         "makes of it (Monte-Carlo values as in VinePPO, exact because greedy play is deterministic); the other "
-        "components still score the reply itself. Costs one more greedy game per distinct reply."))
+        "components still score the reply itself. Costs one more greedy game per distinct reply. "
+        "'greedy_return_strict': the same, but in the played-on game a rejected reply, the scored one included, "
+        "uses up a guess and counts as one in early (the game's own rules let a rejected reply cost nothing)."))
     completion_batch_size: int = Field(64, ge=1)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
 

@@ -122,9 +122,9 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
     items: list[ScoredItem] = []
     replies: list[Turn] = []
     group = 0
-    returns = turn_reward != "immediate"
+    returns, strict = turn_reward != "immediate", turn_reward == "greedy_return_strict"
     # strict: in the played-on game a rejected reply (the scored one included) uses up a guess and counts as one
-    branch_cfg = cfg.model_copy(update={"invalid_costs_turn": True}) if turn_reward.endswith("strict") else cfg
+    branch_cfg = cfg.model_copy(update={"invalid_costs_turn": True}) if strict else cfg
     branches: dict[tuple, tuple[_Game, int]] = {}   # (group, reply tokens) -> (game copy, invalid replies before)
     branch_of: list[tuple[int, tuple]] = []   # (item index, its branch)
 
@@ -184,15 +184,13 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
             game, invalid_before = branches[key]
             if not game.done:
                 raise RuntimeError(f"the greedy return of a reply for {game.episode.secret!r} was not played out")
-            used = len(game.episode.state.guesses)
-            if branch_cfg.invalid_costs_turn and not cfg.invalid_costs_turn:
-                used += game.episode.invalid_replies - invalid_before
+            used = len(game.episode.state.guesses) + (game.episode.invalid_replies - invalid_before if strict else 0)
             items[i] = with_game_outcome(items[i], game.episode.state.won, used, rewards)
     return RolloutResult(items, [g.episode for g in games], replies, tokens, time.perf_counter() - start)
 
 
 def with_game_outcome(item: ScoredItem, won: bool, guesses: int, rewards: Rewards) -> ScoredItem:
-    """`item` with win and early scored by how its game ended (won or not, guesses on the board)."""
+    """`item` with win and early scored by how its game ended (won or not, guesses used)."""
     values = dict(item.values)
     values["win"] = 1.0 if won else 0.0
     values["early"] = rewards.early_value(won, guesses)

@@ -33,7 +33,7 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from ..game.rewards import COMPONENTS, ReplyKind, Rewards, TurnFacts
+from ..game.rewards import ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
 from .grpo_loss import (LossSettings, batch_arrays, expected_reward_advantages, group_advantages, grpo_loss, pack_batch,
                         pack_shared_batch, reference_logprobs, shared_prompt_groups, split_batch)
@@ -195,50 +195,6 @@ def with_game_outcome(item: ScoredItem, won: bool, guesses: int, rewards: Reward
     values["win"] = 1.0 if won else 0.0
     values["early"] = rewards.early_value(won, guesses)
     return ScoredItem(item.sequences, item.group, rewards.total(values), values)
-
-
-def component_stats(items: Sequence[ScoredItem]) -> dict[str, dict[str, float]]:
-    """Mean and std of each reward component over the items (values before weighting)."""
-    return value_stats([it.values for it in items])
-
-
-def value_stats(values: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Mean and std of each reward component over per-item value dicts (also gathered from several ranks)."""
-    out = {}
-    for name in COMPONENTS:
-        v = np.array([d.get(name, 0.0) for d in values], dtype=np.float64)
-        out[name] = {"mean": float(v.mean()) if len(v) else 0.0, "std": float(v.std()) if len(v) else 0.0}
-    return out
-
-
-def game_counts(episodes: Sequence[Episode], replies: Sequence[Turn]) -> dict:
-    """The raw counts behind `game_rates`; counts from several ranks add up (`rates_from_counts`)."""
-    return {"games": len(episodes), "won_guesses": [len(ep.state.guesses) for ep in episodes if ep.won],
-            "replies": len(replies), "format_errors": sum(1 for t in replies if t.error in FORMAT_ERRORS),
-            "invalid": sum(1 for t in replies if t.error == NOT_A_WORD),
-            "repeated": sum(1 for ep in episodes for t in ep.turns if t.repeated),
-            "played": sum(1 for ep in episodes for t in ep.turns if t.error is None)}
-
-
-def rates_from_counts(parts: Sequence[dict]) -> dict:
-    """`game_rates` over the union of the games behind several `game_counts` results."""
-    games = sum(p["games"] for p in parts)
-    won = [g for p in parts for g in p["won_guesses"]]
-    n = max(1, sum(p["replies"] for p in parts))
-    played = sum(p["played"] for p in parts)
-    return {
-        "win_rate": len(won) / games if games else 0.0,
-        "mean_guesses": float(np.mean(won)) if won else None,
-        "format_error_rate": sum(p["format_errors"] for p in parts) / n,
-        "invalid_rate": sum(p["invalid"] for p in parts) / n,
-        "repeat_rate": sum(p["repeated"] for p in parts) / played if played else 0.0,
-    }
-
-
-def game_rates(episodes: Sequence[Episode], replies: Sequence[Turn]) -> dict:
-    """win_rate, mean_guesses (won games, board guesses included), and rates as in `eval`: format errors and
-    invalid words (well-formed, not allowed) over all replies, repeats over played guesses."""
-    return rates_from_counts([game_counts(episodes, replies)])
 
 
 @dataclass

@@ -163,7 +163,7 @@ def make_optimizer(cfg: GRPOConfig):
 def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: frozenset, step: int, world) -> dict:
     """Play the fixed validation words (each rank its share, results gathered in the words' order)."""
     from ..llm.distributed import interleave
-    from ..llm.grpo_step import game_counts, rates_from_counts
+    from ..llm.step_metrics import game_counts, rates_from_counts
     from ..llm.rollout import play_games
 
     rcfg = rollout_config(cfg, cfg.validation.temperature, step_seed(cfg.training.seed, 0, 1))
@@ -179,7 +179,7 @@ def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: froze
 def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     import mlx.core as mx
 
-    from ..llm import grpo_step
+    from ..llm import grpo_step, step_metrics
     from ..llm.generation import BatchedGenerator
     from ..llm.grpo_loss import LossSettings, snapshot_trainable
     from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
@@ -325,15 +325,15 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     st["nonfinite_total"] += 1
                 parts = world.gather_json({      # every rank's games, so the metrics cover the whole batch
                     "rewards": [it.reward for it in items], "values": [it.values for it in items],
-                    "counts": grpo_step.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
+                    "counts": step_metrics.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
                     "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9]})
                 totals = np.array([r for p in parts for r in p["rewards"]])
                 slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
                         "kl": upd.kl, "grad_norm": upd.grad_norm, "anchor_loss": anchor_loss,
                         "reward_mean": float(totals.mean()), "reward_std": float(totals.std()),
-                        "rewards": grpo_step.value_stats([v for p in parts for v in p["values"]]),
-                        **grpo_step.rates_from_counts([p["counts"] for p in parts]),
+                        "rewards": step_metrics.value_stats([v for p in parts for v in p["values"]]),
+                        **step_metrics.rates_from_counts([p["counts"] for p in parts]),
                         "skipped_groups": upd.skipped_groups, "unplayable_groups": upd.unplayable_groups,
                         "resampled_groups": resampled, "nonfinite_skips": st["nonfinite_total"],
                         "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),

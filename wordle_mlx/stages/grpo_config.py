@@ -83,7 +83,9 @@ class RLSection(StrictModel):
         "makes of it (Monte-Carlo values as in VinePPO, exact because greedy play is deterministic); the other "
         "components still score the reply itself. Costs one more greedy game per distinct reply. "
         "'greedy_return_strict': the same, but in the played-on game a rejected reply, the scored one included, "
-        "uses up a guess and counts as one in early (the game's own rules let a rejected reply cost nothing)."))
+        "uses up a guess and counts as one in early (the game's own rules let a rejected reply cost nothing). "
+        "With turn_continue 'best', the reply the main game goes on with is still picked by the immediate reward "
+        "(the returns are known only after the last turn)."))
     completion_batch_size: int = Field(64, ge=1)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
 

@@ -21,11 +21,13 @@ def episode(secret, played, extra_turns=()):
 class StepMetricsTest(unittest.TestCase):
     def setUp(self):
         self.won_in_2 = episode("crane", ["slate", "crane"])
-        self.lost = episode("crane", ["slate", "slate", "moist"], [turn("xxxxx", NOT_A_WORD), turn(None, MISSING_GUESS)])
+        # three guesses played (one a repeat), then a non-word and a reply without a guess tag; not won
+        # three guesses played (the second a repeat), then a non-word and a reply with no guess tag; not won
+        self.three_played = episode("crane", ["slate", "slate", "moist"], [turn("xxxxx", NOT_A_WORD), turn(None, MISSING_GUESS)])
         self.won_in_1 = episode("crane", ["crane"])
 
     def test_rates_of_one_batch(self):
-        games = [self.won_in_2, self.lost, self.won_in_1]
+        games = [self.won_in_2, self.three_played, self.won_in_1]
         replies = [t for ep in games for t in ep.turns]
         rates = rates_from_counts([game_counts(games, replies)])
         self.assertAlmostEqual(rates["win_rate"], 2 / 3)
@@ -35,7 +37,7 @@ class StepMetricsTest(unittest.TestCase):
         self.assertAlmostEqual(rates["repeat_rate"], 1 / 6)           # 6 played guesses, one repeat
 
     def test_counts_from_two_ranks_give_the_rates_of_all_games(self):
-        a, b = [self.won_in_2, self.lost], [self.won_in_1]
+        a, b = [self.won_in_2, self.three_played], [self.won_in_1]
         parts = [game_counts(g, [t for ep in g for t in ep.turns]) for g in (a, b)]
         whole = game_counts(a + b, [t for ep in a + b for t in ep.turns])
         self.assertEqual(rates_from_counts(parts), rates_from_counts([whole]))

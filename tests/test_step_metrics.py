@@ -23,7 +23,8 @@ class StepMetricsTest(unittest.TestCase):
         self.won_in_2 = episode("crane", ["slate", "crane"])
         # three guesses played (one a repeat), then a non-word and a reply without a guess tag; not won
         # three guesses played (the second a repeat), then a non-word and a reply with no guess tag; not won
-        self.three_played = episode("crane", ["slate", "slate", "moist"], [turn("xxxxx", NOT_A_WORD), turn(None, MISSING_GUESS)])
+        self.three_played = episode("crane", ["slate", "slate", "moist"],
+                                    [turn("xxxxx", NOT_A_WORD), turn(None, MISSING_GUESS)])
         self.won_in_1 = episode("crane", ["crane"])
 
     def test_rates_of_one_batch(self):

@@ -742,3 +742,45 @@ class StartFromAdapter(unittest.TestCase):
             self.assertTrue(all(m.dropout._p_1 == 1.0 for m in layers))    # keep probability 1: no dropout
             self.assertEqual(acfg["lora_parameters"]["dropout"], 0.0)
             self.assertEqual(acfg["lora_parameters"]["rank"], 4)
+
+    def test_train_layers_updates_only_the_last_blocks_and_saves_every_lora_weight(self):
+        """lora.train_layers 1: the last block's LoRA weights move, the others stay bitwise as the adapter had
+        them, and the saved adapter (and checkpoint) still holds all of them; resuming restores the same split."""
+        from wordle_mlx.llm.lora import adapter_config, save_adapters
+        with tempfile.TemporaryDirectory() as tmp:
+            model, _ = tiny_policy(7)
+            # a started adapter: nonzero lora_b everywhere, so the frozen blocks' values are not trivially zero
+            model.update(tree_unflatten([(k, mx.random.normal(v.shape) * 0.01)
+                                         for k, v in tree_flatten(model.trainable_parameters()) if "lora_b" in k]))
+            save_adapters(Path(tmp) / "sft", model, adapter_config(-1, lora_parameters(4, 10.0, 0.0, None),
+                                                                  "builtin:tiny-random"))
+            start = mx.load(str(Path(tmp) / "sft" / "adapters.safetensors"))
+            blocks = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in start})
+            self.assertGreater(len(blocks), 1)
+            data = stage_config(tmp, steps=2, checkpoint_every=1).model_dump()
+            data["model"]["adapter"] = str(Path(tmp) / "sft")
+            data["lora"]["train_layers"] = 1
+            cfg = validate_config(data, stage.GRPOConfig, "test")
+            with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+                stage.run(cfg)
+            end = mx.load(str(Path(tmp) / "run" / "adapters" / "adapters.safetensors"))
+            self.assertEqual(set(end), set(start))
+            last = f".layers.{blocks[-1]}."
+            for k in start:
+                if last in k:
+                    continue
+                self.assertTrue(mx.array_equal(start[k], end[k]).item(), k)
+            self.assertTrue(any(not mx.array_equal(start[k], end[k]).item() for k in start if last in k))
+            policy, _, _ = stage.load_policy(cfg)
+            trainable = {k for k, _ in tree_flatten(policy.trainable_parameters())}
+            self.assertTrue(trainable and all(last in k for k in trainable))
+            resumed = validate_config({**data, "training": {**data["training"], "steps": 3},
+                                       "resume": str(Path(tmp) / "run")}, stage.GRPOConfig, "test")
+            with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+                self.assertEqual(stage.run(resumed)["step"], 3)
+            after = mx.load(str(Path(tmp) / "run" / "adapters" / "adapters.safetensors"))
+            self.assertTrue(all(mx.array_equal(start[k], after[k]).item() for k in start if last not in k))
+            self.assertTrue(any(not mx.array_equal(end[k], after[k]).item() for k in start if last in k))
+            data["model"]["adapter"] = None
+            with self.assertRaisesRegex(UserError, "lora.train_layers = 1 needs model.adapter"):
+                validate_config(data, stage.GRPOConfig, "test")

@@ -261,6 +261,36 @@ class SFTTest(unittest.TestCase):
         with self.assertRaisesRegex(UserError, "init_adapter .*no adapters.safetensors"):
             sft.run(self.config("init_none", steps=1, init_adapter=str(self.root / "nowhere")))
 
+    def test_grow_init_adapter_keeps_the_outputs_and_adds_rank(self):
+        first = sft.run(self.config("grow_src", steps=3, lora={"rank": 4, "dropout": 0.0}))
+        src = mx.load(str(Path(first["adapters"]) / "adapters.safetensors"))
+        with self.assertRaisesRegex(UserError, r"init_adapter .*lora\.rank.*grow_init_adapter"):
+            sft.run(self.config("grow_off", steps=1, lora={"rank": 8, "dropout": 0.0},
+                                init_adapter=first["adapters"]))
+        with self.assertRaisesRegex(UserError, "grow_init_adapter = true needs init_adapter"):
+            validate_config({"grow_init_adapter": True}, sft.SFTConfig, "x.json")
+        tokens = mx.array([[2, 5, 9, 14, 3, 7]])
+        small, _ = load_model(TINY)
+        lora.apply_lora(small, -1, lora.lora_parameters(4, 20.0, 0.0, None))
+        lora.load_adapter_weights(small, first["adapters"])
+        big, _ = load_model(TINY)
+        lora.apply_lora(big, -1, lora.lora_parameters(8, 20.0, 0.0, None))
+        lora.load_adapter_weights(big, first["adapters"], grow_rank=True)
+        grown = lora.adapter_weights(big)
+        for k, v in src.items():
+            self.assertEqual(grown[k].shape[1 if k.endswith("lora_a") else 0], 8, k)
+            kept = grown[k][:, :4] if k.endswith("lora_a") else grown[k][:4]
+            self.assertTrue(mx.array_equal(kept, v).item(), k)
+            if k.endswith("lora_b"):
+                self.assertEqual(mx.abs(grown[k][4:]).max().item(), 0.0)
+            else:      # the new directions are random, so they can learn (a zero lora_a and lora_b could not)
+                self.assertGreater(mx.abs(grown[k][:, 4:]).max().item(), 0.0)
+        self.assertLess(mx.abs(small(tokens) - big(tokens)).max().item(), 1e-4)
+        second = sft.run(self.config("grow_dst", steps=2, lora={"rank": 8, "dropout": 0.0},
+                                     init_adapter=first["adapters"], grow_init_adapter=True))
+        out = mx.load(str(Path(second["adapters"]) / "adapters.safetensors"))
+        self.assertTrue(all(v.shape[1 if k.endswith("lora_a") else 0] == 8 for k, v in out.items()))
+
     def test_bad_inputs(self):
         with self.assertRaisesRegex(UserError, "train.jsonl: file not found"):
             sft.run(self.config("nodata", data=str(self.root / "nowhere")))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -72,27 +73,65 @@ def apply_lora(model, num_layers: int, params: dict) -> int:
     return count
 
 
-def load_adapter_weights(model, folder: str | Path) -> None:
+def load_adapter_weights(model, folder: str | Path, grow_rank: bool = False) -> None:
     """Set the LoRA weights of `model` (after `apply_lora`) from `folder`/adapters.safetensors; every tensor
-    in the file must match a LoRA parameter of the same shape, else a UserError names the first mismatch."""
+    in the file must match a LoRA parameter of the same shape, else a UserError names the first mismatch.
+    With `grow_rank`, an adapter of a lower rank is padded to the model's: its `lora_a` keeps its columns and
+    gets the model's fresh random ones for the new directions, its `lora_b` gets zero rows, so the model's
+    output is the adapter's (up to float rounding) and the new directions start training from there."""
     path = Path(folder) / "adapters.safetensors"
     if not path.is_file():
         raise UserError(f"init_adapter {folder}: no adapters.safetensors there")
     weights = mx.load(str(path))
     ours = adapter_weights(model)
-    for name, value in weights.items():
+    for name, value in list(weights.items()):
+        if grow_rank and name in ours:
+            weights[name] = _grown(name, value, ours[name])
+            value = weights[name]
         if name not in ours or ours[name].shape != value.shape:
             got = tuple(ours[name].shape) if name in ours else "no such LoRA parameter"
             raise UserError(f"init_adapter {path}: {name} {tuple(value.shape)} does not fit this LoRA ({got}); "
-                            "lora.rank and lora.num_layers must match the adapter's")
+                            "lora.rank and lora.num_layers must match the adapter's"
+                            + ("" if grow_rank else " (or set grow_init_adapter for a lower rank)"))
     if set(ours) - set(weights):
         raise UserError(f"init_adapter {path}: missing {sorted(set(ours) - set(weights))[0]} "
                         "(lora.num_layers or lora.keys differ from the adapter's)")
     model.load_weights(list(weights.items()), strict=False)
 
 
+def _grown(name: str, saved: mx.array, fresh: mx.array) -> mx.array:
+    """`saved` padded to `fresh`'s rank (see `load_adapter_weights`); unchanged when it cannot be padded."""
+    if name.endswith("lora_a") and saved.ndim == 2 and saved.shape[0] == fresh.shape[0] \
+            and saved.shape[1] < fresh.shape[1]:
+        return mx.concatenate([saved, fresh[:, saved.shape[1]:]], axis=1)
+    if name.endswith("lora_b") and saved.ndim == 2 and saved.shape[1] == fresh.shape[1] \
+            and saved.shape[0] < fresh.shape[0]:
+        return mx.concatenate([saved, mx.zeros((fresh.shape[0] - saved.shape[0], saved.shape[1]), saved.dtype)])
+    return saved
+
+
 def adapter_weights(model) -> dict[str, mx.array]:
-    return dict(tree_flatten(model.trainable_parameters()))
+    """Every LoRA weight (`lora_a`, `lora_b`) by name, trainable or frozen (GRPO's `lora.train_layers` freezes
+    some): what an adapter file holds."""
+    return {k: v for k, v in tree_flatten(model.parameters()) if k.rsplit(".", 1)[-1] in ("lora_a", "lora_b")}
+
+
+def freeze_lora_below(model, train_layers: int) -> int:
+    """Freeze the LoRA weights of every block but the last `train_layers` (they keep acting, they stop
+    training); returns the number of blocks whose LoRA still trains."""
+    blocks = {}
+    for name, module in model.named_modules():
+        match = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+        if match and hasattr(module, "lora_a"):
+            blocks.setdefault(int(match.group(1)), []).append(module)
+    if not blocks:
+        raise UserError("lora.train_layers: the model has no LoRA layers in numbered blocks")
+    first = max(blocks) + 1 - train_layers
+    for index, modules in blocks.items():
+        if index < first:
+            for module in modules:
+                module.freeze(keys=["lora_a", "lora_b"], recurse=False)
+    return sum(1 for index in blocks if index >= first)
 
 
 _checkpoint_writes = 0

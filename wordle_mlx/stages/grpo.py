@@ -120,7 +120,7 @@ class PromptSource:
 
 def load_policy(cfg: GRPOConfig):
     """(model, tokenizer, adapter_config): the model with trainable LoRA, from the base or an SFT adapter."""
-    from ..llm.lora import adapter_config, apply_lora, lora_parameters
+    from ..llm.lora import adapter_config, apply_lora, freeze_lora_below, lora_parameters
     from ..llm.models import load_model
 
     adapter = str(resolve_path(cfg, cfg.model.adapter)) if cfg.model.adapter else None
@@ -133,6 +133,8 @@ def load_policy(cfg: GRPOConfig):
             m.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
         if not lora_layers:
             raise UserError(f"model.adapter {adapter!r}: no LoRA layers (only LoRA adapters can be trained further)")
+        if cfg.lora.train_layers is not None:
+            freeze_lora_below(model, cfg.lora.train_layers)
         # The adapter keeps its layout (rank, scale, layers) but not its SFT dropout: GRPO uses lora.dropout
         # (0 by default), so the update's forward pass is the policy that sampled the rollouts.
         import mlx.nn as nn

@@ -33,6 +33,9 @@ class LoraSection(StrictModel):
     dropout: float = Field(0.0, ge=0, lt=1)
     num_layers: int = Field(-1, ge=-1, description="Last N blocks get LoRA; -1 = all. Ignored with model.adapter.")
     keys: list[str] | None = None
+    train_layers: int | None = Field(None, ge=1, description=(
+        "With model.adapter: only the LoRA weights of the last N blocks train; the others keep the adapter's "
+        "values (and still act). None: all of the adapter's LoRA weights train."))
 
 
 class TrainingSection(StrictModel):
@@ -192,6 +195,13 @@ class GRPOConfig(StrictModel):
     resume: str | None = Field(None, description="Run folder to continue from its latest checkpoint.")
     overwrite: bool = Field(False, description="Replace an existing run folder of the same name.")
     progress: bool = True
+
+    @model_validator(mode="after")
+    def _check_train_layers(self) -> "GRPOConfig":
+        if self.lora.train_layers is not None and self.model.adapter is None:
+            raise ValueError(f"lora.train_layers = {self.lora.train_layers} needs model.adapter (a fresh LoRA "
+                             "covers the last lora.num_layers blocks, set that instead)")
+        return self
 
     @model_validator(mode="after")
     def _check_reward_for_mode(self) -> "GRPOConfig":

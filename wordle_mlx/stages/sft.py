@@ -26,7 +26,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..config import StrictModel, config_hash, read_json_file, resolve_path
 from ..errors import UserError
@@ -65,6 +65,9 @@ class SFTConfig(StrictModel):
     init_adapter: str | None = Field(None, description="Start from this adapter folder's LoRA weights (an earlier "
                                      "run's adapters/, like mlx-lm's --resume-adapter-file); its rank and layers "
                                      "must match `lora`. Optimizer and schedule start fresh.")
+    grow_init_adapter: bool = Field(False, description="Let init_adapter have a lower rank than lora.rank: it is "
+                                    "padded (new lora_a directions drawn as a fresh LoRA's, zero lora_b rows), so "
+                                    "training starts from the adapter's exact outputs with more capacity.")
     steps: int = Field(200, ge=1)
     batch_size: int = Field(4, ge=1)
     grad_accumulation: int = Field(1, ge=1)
@@ -100,6 +103,12 @@ class SFTConfig(StrictModel):
     save_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     progress: bool = True
+
+    @model_validator(mode="after")
+    def _check_grow(self) -> "SFTConfig":
+        if self.grow_init_adapter and self.init_adapter is None:
+            raise ValueError("grow_init_adapter = true needs init_adapter (the lower-rank adapter to grow)")
+        return self
 
 
 def lr_schedule(cfg: SFTConfig):
@@ -299,7 +308,7 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     adapter_cfg = lora.adapter_config(cfg.lora.num_layers, lora_params, cfg.model, prompt_cfg.model_dump())
     init_adapter = resolve_path(cfg, cfg.init_adapter).resolve() if cfg.init_adapter else None
     if init_adapter is not None and resume is None:    # a resumed run takes its weights from the checkpoint
-        lora.load_adapter_weights(model, init_adapter)
+        lora.load_adapter_weights(model, init_adapter, grow_rank=cfg.grow_init_adapter)
     if cfg.grad_checkpoint:
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])

@@ -76,7 +76,8 @@ def grpo_gradient(items, world, averaging: str) -> tuple[dict, dict]:
     upd = policy_update(model, optim.SGD(learning_rate=1.0), items, settings, world)
     after = flat(model)
     return {k: before[k] - after[k] for k in before}, {"loss": upd.loss, "grad_norm": upd.grad_norm,
-                                                       "trained_tokens": upd.trained_tokens}
+                                                       "trained_tokens": upd.trained_tokens,
+                                                       "groups": upd.groups, "skipped_groups": upd.skipped_groups}
 
 
 def check_grpo(world) -> dict:

@@ -289,7 +289,7 @@ class LossOnTinyModel(unittest.TestCase):
         self.assertTrue(all(float(mx.abs(v).max()) == 0.0 for v in leaves))
         before = {k: np.array(v) for k, v in tree_flatten(self.model.trainable_parameters())}
         result = policy_update(self.model, optim.Adam(learning_rate=1e-2), items, UpdateSettings(LossSettings()))
-        self.assertEqual((result.applied, result.skipped_groups, result.trained_tokens), (False, 2, 0))
+        self.assertEqual((result.applied, result.skipped_groups, result.groups, result.trained_tokens), (False, 2, 2, 0))
         after = dict(tree_flatten(self.model.trainable_parameters()))
         self.assertTrue(all(np.array_equal(before[k], np.array(after[k])) for k in before))
 
@@ -457,6 +457,8 @@ class Stage(unittest.TestCase):
         self.assertEqual(set(recs[0]["rewards"]), {"win", "early", "format", "valid", "consistent", "info_gain",
                                                   "repeat", "length"})
         self.assertEqual(len(recs[0]["games"]), 2 * 3)
+        self.assertEqual([r["groups"] for r in recs], [2, 2, 2])      # episode mode: one group per board
+        self.assertTrue(all(0 <= r["skipped_groups"] <= r["groups"] for r in recs))
         self.assertTrue((run_dir / "checkpoints" / "step_000002" / "optimizer.safetensors").is_file())
         self.assertTrue((run_dir / "adapters" / "adapters.safetensors").is_file())
         self.assertEqual(result["step"], 3)

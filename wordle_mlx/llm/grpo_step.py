@@ -224,6 +224,7 @@ class UpdateResult:
     trained_tokens: int
     seconds: float
     unplayable_groups: int = 0           # zero-variance groups trained with `unplayable_advantage`
+    groups: int = 0                      # all the step's groups (every rank's), live or skipped
 
 
 def shared_weights(lengths: Sequence[int], averaging: str, total_tokens: float, total_sequences: float) -> list:
@@ -266,10 +267,12 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
                     seqs.append(seq)
                     advs.append(float(a))
     lengths = [sum(q.mask) for q in seqs]
-    total_tokens, total_seqs, skipped, unplayable = world.sum_floats([sum(lengths), len(seqs), skipped, unplayable])
-    skipped, unplayable = int(skipped), int(unplayable)
+    total_tokens, total_seqs, skipped, unplayable, groups = world.sum_floats(
+        [sum(lengths), len(seqs), skipped, unplayable, len({it.group for it in items})])
+    skipped, unplayable, groups = int(skipped), int(unplayable), int(groups)
     if total_seqs == 0 and extra_grads is None:
-        return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start, unplayable)
+        return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start, unplayable,
+                            groups)
     weights = shared_weights(lengths, s.averaging, total_tokens, max(total_seqs, 1.0))
     model.train()
 
@@ -309,7 +312,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         mx.eval(model.trainable_parameters(), optimizer.state)
     model.eval()
     return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, int(total_tokens),
-                        time.perf_counter() - start, unplayable)
+                        time.perf_counter() - start, unplayable, groups)
 
 
 def item_advantages(items: Sequence[ScoredItem], advantage: str, sharpness: float = 1.0) -> tuple[np.ndarray, int]:

@@ -291,6 +291,22 @@ class SFTTest(unittest.TestCase):
         out = mx.load(str(Path(second["adapters"]) / "adapters.safetensors"))
         self.assertTrue(all(v.shape[1 if k.endswith("lora_a") else 0] == 8 for k, v in out.items()))
 
+    def test_train_layers_trains_only_the_last_blocks(self):
+        first = sft.run(self.config("layers_src", steps=3, lora={"rank": 4, "dropout": 0.0}))
+        src = mx.load(str(Path(first["adapters"]) / "adapters.safetensors"))
+        last = max(int(k.split(".layers.")[1].split(".")[0]) for k in src)
+        second = sft.run(self.config("layers_dst", steps=2, lora={"rank": 4, "dropout": 0.0, "train_layers": 1},
+                                     init_adapter=first["adapters"]))
+        out = mx.load(str(Path(second["adapters"]) / "adapters.safetensors"))
+        self.assertEqual(set(out), set(src))
+        mark = f".layers.{last}."
+        self.assertTrue(all(mx.array_equal(src[k], out[k]).item() for k in src if mark not in k))
+        self.assertTrue(any(not mx.array_equal(src[k], out[k]).item() for k in src if mark in k))
+        run = next(r for _, r in read_jsonl(Path(second["run_dir"]) / "metrics.jsonl") if r["kind"] == "run")
+        self.assertEqual(run["trainable_parameters"], sum(v.size for k, v in src.items() if mark in k))
+        with self.assertRaisesRegex(UserError, "lora.train_layers = 2 needs init_adapter"):
+            validate_config({"lora": {"train_layers": 2}}, sft.SFTConfig, "x.json")
+
     def test_bad_inputs(self):
         with self.assertRaisesRegex(UserError, "train.jsonl: file not found"):
             sft.run(self.config("nodata", data=str(self.root / "nowhere")))

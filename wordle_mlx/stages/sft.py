@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map
 from pydantic import Field, model_validator
 
 from ..config import StrictModel, config_hash, read_json_file, resolve_path
@@ -46,6 +46,8 @@ class LoraConfig(StrictModel):
     dropout: float = Field(0.0, ge=0, lt=1)
     num_layers: int = Field(-1, ge=-1, description="Adapt the last N blocks; -1 = all.")
     keys: list[str] | None = Field(None, description="Module names inside a block, e.g. self_attn.q_proj; None = all linears.")
+    train_layers: int | None = Field(None, ge=1, description="With init_adapter: only the LoRA weights of the last N "
+                                     "blocks train, the others keep the adapter's values (None: all train).")
 
 
 class GameEvalConfig(StrictModel):
@@ -108,6 +110,9 @@ class SFTConfig(StrictModel):
     def _check_grow(self) -> "SFTConfig":
         if self.grow_init_adapter and self.init_adapter is None:
             raise ValueError("grow_init_adapter = true needs init_adapter (the lower-rank adapter to grow)")
+        if self.lora.train_layers is not None and self.init_adapter is None:
+            raise ValueError(f"lora.train_layers = {self.lora.train_layers} needs init_adapter (a fresh LoRA covers "
+                             "the last lora.num_layers blocks, set that instead)")
         return self
 
 
@@ -309,6 +314,9 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     init_adapter = resolve_path(cfg, cfg.init_adapter).resolve() if cfg.init_adapter else None
     if init_adapter is not None and resume is None:    # a resumed run takes its weights from the checkpoint
         lora.load_adapter_weights(model, init_adapter, grow_rank=cfg.grow_init_adapter)
+    if cfg.lora.train_layers is not None:              # before the optimizer and any checkpoint are loaded
+        lora.freeze_lora_below(model, cfg.lora.train_layers)
+        trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     if cfg.grad_checkpoint:
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])

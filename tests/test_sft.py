@@ -306,6 +306,9 @@ class SFTTest(unittest.TestCase):
         self.assertEqual(run["trainable_parameters"], sum(v.size for k, v in src.items() if mark in k))
         with self.assertRaisesRegex(UserError, "lora.train_layers = 2 needs init_adapter"):
             validate_config({"lora": {"train_layers": 2}}, sft.SFTConfig, "x.json")
+        with self.assertRaisesRegex(UserError, r"lora.train_layers = 99 is more than the \d+ blocks"):
+            sft.run(self.config("layers_many", steps=1, lora={"rank": 4, "dropout": 0.0, "train_layers": 99},
+                                init_adapter=first["adapters"]))
 
     def test_bad_inputs(self):
         with self.assertRaisesRegex(UserError, "train.jsonl: file not found"):

@@ -111,8 +111,8 @@ def _grown(name: str, saved: mx.array, fresh: mx.array) -> mx.array:
 
 
 def adapter_weights(model) -> dict[str, mx.array]:
-    """Every LoRA weight (`lora_a`, `lora_b`) by name, trainable or frozen (GRPO's `lora.train_layers` freezes
-    some): what an adapter file holds."""
+    """Every LoRA weight (`lora_a`, `lora_b`) by name, trainable or frozen (`lora.train_layers` freezes some):
+    what an adapter file holds."""
     return {k: v for k, v in tree_flatten(model.parameters()) if k.rsplit(".", 1)[-1] in ("lora_a", "lora_b")}
 
 
@@ -126,6 +126,8 @@ def freeze_lora_below(model, train_layers: int) -> int:
             blocks.setdefault(int(match.group(1)), []).append(module)
     if not blocks:
         raise UserError("lora.train_layers: the model has no LoRA layers in numbered blocks")
+    if train_layers > len(blocks):
+        raise UserError(f"lora.train_layers = {train_layers} is more than the {len(blocks)} blocks with LoRA layers")
     first = max(blocks) + 1 - train_layers
     for index, modules in blocks.items():
         if index < first:

@@ -66,7 +66,8 @@ class SFTConfig(StrictModel):
     lora: LoraConfig = LoraConfig()
     init_adapter: str | None = Field(None, description="Start from this adapter folder's LoRA weights (an earlier "
                                      "run's adapters/, like mlx-lm's --resume-adapter-file); its rank and layers "
-                                     "must match `lora`. Optimizer and schedule start fresh.")
+                                     "must match `lora` (a lower rank: grow_init_adapter). Optimizer and "
+                                     "schedule start fresh.")
     grow_init_adapter: bool = Field(False, description="Let init_adapter have a lower rank than lora.rank: it is "
                                     "padded (new lora_a directions drawn as a fresh LoRA's, zero lora_b rows), so "
                                     "training starts from the adapter's exact outputs with more capacity.")

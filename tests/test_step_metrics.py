@@ -21,7 +21,6 @@ def episode(secret, played, extra_turns=()):
 class StepMetricsTest(unittest.TestCase):
     def setUp(self):
         self.won_in_2 = episode("crane", ["slate", "crane"])
-        # three guesses played (one a repeat), then a non-word and a reply without a guess tag; not won
         # three guesses played (the second a repeat), then a non-word and a reply with no guess tag; not won
         self.three_played = episode("crane", ["slate", "slate", "moist"],
                                     [turn("xxxxx", NOT_A_WORD), turn(None, MISSING_GUESS)])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -117,23 +116,17 @@ def adapter_weights(model) -> dict[str, mx.array]:
 
 
 def freeze_lora_below(model, train_layers: int) -> int:
-    """Freeze the LoRA weights of every block but the last `train_layers` (they keep acting, they stop
-    training); returns the number of blocks whose LoRA still trains."""
-    blocks = {}
-    for name, module in model.named_modules():
-        match = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
-        if match and hasattr(module, "lora_a"):
-            blocks.setdefault(int(match.group(1)), []).append(module)
-    if not blocks:
-        raise UserError("lora.train_layers: the model has no LoRA layers in numbered blocks")
+    """Freeze the LoRA weights of every block but the last `train_layers` of `model.layers` (the blocks
+    `apply_lora`'s `num_layers` counts from the end); they keep acting and stop training. Returns the number of
+    trainable parameters left."""
+    blocks = model.layers
     if train_layers > len(blocks):
-        raise UserError(f"lora.train_layers = {train_layers} is more than the {len(blocks)} blocks with LoRA layers")
-    first = max(blocks) + 1 - train_layers
-    for index, modules in blocks.items():
-        if index < first:
-            for module in modules:
+        raise UserError(f"lora.train_layers = {train_layers} is more than the {len(blocks)} blocks of the model")
+    for block in blocks[: len(blocks) - train_layers]:
+        for _, module in block.named_modules():
+            if hasattr(module, "lora_a"):
                 module.freeze(keys=["lora_a", "lora_b"], recurse=False)
-    return sum(1 for index in blocks if index >= first)
+    return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
 
 
 _checkpoint_writes = 0

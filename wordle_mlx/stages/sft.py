@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 from pydantic import Field, model_validator
 
 from ..config import StrictModel, config_hash, read_json_file, resolve_path
@@ -108,7 +108,7 @@ class SFTConfig(StrictModel):
     progress: bool = True
 
     @model_validator(mode="after")
-    def _check_grow(self) -> "SFTConfig":
+    def _check_init_adapter_options(self) -> "SFTConfig":
         if self.grow_init_adapter and self.init_adapter is None:
             raise ValueError("grow_init_adapter = true needs init_adapter (the lower-rank adapter to grow)")
         if self.lora.train_layers is not None and self.init_adapter is None:
@@ -316,8 +316,7 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     if init_adapter is not None and resume is None:    # a resumed run takes its weights from the checkpoint
         lora.load_adapter_weights(model, init_adapter, grow_rank=cfg.grow_init_adapter)
     if cfg.lora.train_layers is not None:              # before the optimizer and any checkpoint are loaded
-        lora.freeze_lora_below(model, cfg.lora.train_layers)
-        trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+        trainable = lora.freeze_lora_below(model, cfg.lora.train_layers)
     if cfg.grad_checkpoint:
         from mlx_lm.tuner.trainer import grad_checkpoint
         grad_checkpoint(model.layers[0])

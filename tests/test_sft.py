@@ -260,6 +260,11 @@ class SFTTest(unittest.TestCase):
             sft.run(self.config("init_bad", steps=1, lora={"rank": 8}, init_adapter=first["adapters"]))
         with self.assertRaisesRegex(UserError, "init_adapter .*no adapters.safetensors"):
             sft.run(self.config("init_none", steps=1, init_adapter=str(self.root / "nowhere")))
+        # the same weights under another LoRA scale are another function: refused, naming both scales
+        with self.assertRaisesRegex(UserError, r"init_adapter .*adapter_config.json: lora_parameters.scale is 20.0 "
+                                               r"but lora.scale is 10.0"):
+            sft.run(self.config("init_scale", steps=1, lora={"rank": 4, "scale": 10.0}, init_adapter=first["adapters"]))
+        self.assertFalse((self.root / "logs" / "init_scale").exists())   # a failed start leaves no run folder
 
     def test_grow_init_adapter_keeps_the_outputs_and_adds_rank(self):
         first = sft.run(self.config("grow_src", steps=3, lora={"rank": 4, "dropout": 0.0}))

@@ -224,6 +224,20 @@ def choice(config: ConfigOpt = None,
 
 
 @app.command()
+def cover(config: ConfigOpt = None,
+          data: Annotated[Optional[Path], typer.Option("--data", help="Input SFT data folder (default: the config's data).")] = None,
+          out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
+          per_word: Annotated[Optional[int], typer.Option("--per-word", help="Boards per answer word (default 1).")] = None,
+          no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+    """Add answer-coverage examples to an SFT data folder: every answer as a fitting guess on train boards."""
+    from .stages import cover as stage
+    cfg = load_config(config, stage.CoverConfig, {
+        "data": str(data.resolve()) if data else None, "out": str(out.resolve()) if out else None,
+        "per_word": per_word, "progress": False if no_progress else None})
+    emit(stage.run(cfg), json_output)
+
+
+@app.command()
 def sft(config: ConfigOpt = None,
         resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
         run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,

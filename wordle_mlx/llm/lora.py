@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -72,15 +73,19 @@ def apply_lora(model, num_layers: int, params: dict) -> int:
     return count
 
 
-def load_adapter_weights(model, folder: str | Path, grow_rank: bool = False) -> None:
+def load_adapter_weights(model, folder: str | Path, grow_rank: bool = False, scale: float | None = None) -> None:
     """Set the LoRA weights of `model` (after `apply_lora`) from `folder`/adapters.safetensors; every tensor
     in the file must match a LoRA parameter of the same shape, else a UserError names the first mismatch.
+    With `scale` (the model's LoRA scale), the adapter's `adapter_config.json`, when there is one, must name the
+    same `lora_parameters.scale`: the same weights under another scale are another function.
     With `grow_rank`, an adapter of a lower rank is padded to the model's: its `lora_a` keeps its columns and
     gets the model's fresh random ones for the new directions, its `lora_b` gets zero rows, so the model's
     output is the adapter's (up to float rounding) and the new directions start training from there."""
     path = Path(folder) / "adapters.safetensors"
     if not path.is_file():
         raise UserError(f"init_adapter {folder}: no adapters.safetensors there")
+    if scale is not None:
+        _check_scale(Path(folder) / ADAPTER_CONFIG, scale)
     weights = mx.load(str(path))
     ours = adapter_weights(model)
     for name, value in list(weights.items()):
@@ -96,6 +101,19 @@ def load_adapter_weights(model, folder: str | Path, grow_rank: bool = False) -> 
         raise UserError(f"init_adapter {path}: missing {sorted(set(ours) - set(weights))[0]} "
                         "(lora.num_layers or lora.keys differ from the adapter's)")
     model.load_weights(list(weights.items()), strict=False)
+
+
+def _check_scale(config_path: Path, scale: float) -> None:
+    """UserError when the adapter config at `config_path` (if any) gives a LoRA scale other than `scale`."""
+    if not config_path.is_file():
+        return
+    try:
+        saved = json.loads(config_path.read_text())["lora_parameters"]["scale"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"init_adapter {config_path}: no readable lora_parameters.scale ({exc!r})") from None
+    if not isinstance(saved, (int, float)) or not math.isclose(float(saved), scale, rel_tol=1e-6):
+        raise UserError(f"init_adapter {config_path}: lora_parameters.scale is {saved!r} but lora.scale is {scale}; "
+                        "set lora.scale to the adapter's")
 
 
 def _grown(name: str, saved: mx.array, fresh: mx.array) -> mx.array:

@@ -285,8 +285,7 @@ def prepare_run_dir(cfg: SFTConfig, resume: str | None, overwrite: bool) -> Path
         if not overwrite:
             raise UserError(f"run folder {run_dir} already exists; pass --overwrite or --run-name NEW or --resume {run_dir}")
         remove_tree(run_dir)   # a kill midway leaves the old run whole or gone
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return run_dir             # made once the run has started (a failed start leaves no folder behind)
 
 
 def load_data(cfg: SFTConfig):
@@ -314,7 +313,7 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     adapter_cfg = lora.adapter_config(cfg.lora.num_layers, lora_params, cfg.model, prompt_cfg.model_dump())
     init_adapter = resolve_path(cfg, cfg.init_adapter).resolve() if cfg.init_adapter else None
     if init_adapter is not None and resume is None:    # a resumed run takes its weights from the checkpoint
-        lora.load_adapter_weights(model, init_adapter, grow_rank=cfg.grow_init_adapter)
+        lora.load_adapter_weights(model, init_adapter, grow_rank=cfg.grow_init_adapter, scale=cfg.lora.scale)
     if cfg.lora.train_layers is not None:              # before the optimizer and any checkpoint are loaded
         trainable = lora.freeze_lora_below(model, cfg.lora.train_layers)
     if cfg.grad_checkpoint:
@@ -357,6 +356,7 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name,
                                    "init_adapter": str(init_adapter) if init_adapter else None})
     if resume is None and main:
+        run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run_dir / "config.json", saved.model_dump(mode="json"))
 
     loss_and_grad = nn.value_and_grad(model, loss_sum)

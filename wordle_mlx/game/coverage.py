@@ -1,0 +1,62 @@
+"""Answer coverage: for every answer word, the boards on which it is a fitting guess but not the secret.
+
+Session 32 found that a small model loses held-out games by failing to *spell* the last candidate: 83 of the
+last-6-blocks SFT player's 137 losses end on three non-words with exactly one answer left (the secret), and
+the test secrets that its SFT data used as a label somewhere won 40 of 54 games against 23 of 146 for the rest.
+A board of a train secret often leaves other answers that fit every clue; guessing one of them is a good
+hard-mode move. This module picks, for each word, the `per_word` boards (of a given set, e.g. an SFT data
+folder's) with the fewest fitting answers on which the word fits, is not the secret and was not guessed yet.
+Words are all treated alike, so the model learns to name every answer the way the solver knows its candidate
+list; secrets stay those of the boards (never test words). Pure numpy over the precomputed pattern table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .feedback import feedback
+from .solver import Solver
+
+
+@dataclass(frozen=True)
+class CoverageExample:
+    word: str                   # the label: an answer that fits the board
+    secret: str                 # the board's secret (another word)
+    history: tuple[str, ...]    # the guesses so far
+    candidates: int             # answers that fit the board, the secret and `word` included
+
+
+def coverage_examples(boards: Iterable[tuple[str, Sequence[str]]], words: Sequence[str], solver: Solver,
+                      per_word: int = 1) -> tuple[list[CoverageExample], list[str]]:
+    """(examples, uncovered words): for each of `words` (answer words), up to `per_word` distinct boards from
+    `boards` ((secret, guesses) pairs; duplicates are ignored) on which it fits every clue, is not the secret
+    and was not guessed, choosing the boards with the fewest fitting answers (ties: the order of `boards`).
+    Examples come grouped by word, in the order of `words`; uncovered words fit no such board."""
+    if per_word < 1:
+        raise ValueError(f"per_word must be at least 1, got {per_word}")
+    answers = solver.table.answers
+    index = {w: i for i, w in enumerate(answers)}
+    missing = [w for w in words if w not in index]
+    if missing:
+        raise ValueError(f"{missing[0]!r} is not an answer word (coverage labels must fit as answers)")
+    distinct = list(dict.fromkeys((secret, tuple(guesses)) for secret, guesses in boards))
+    fitting = []
+    for secret, guesses in distinct:
+        cols = solver.candidate_columns([(g, feedback(g, secret)) for g in guesses])
+        fitting.append(cols)
+    order = sorted(range(len(distinct)), key=lambda b: (len(fitting[b]), b))
+    wanted = {index[w] for w in words}
+    found: dict[int, list[int]] = {}
+    for b in order:
+        secret, guesses = distinct[b]
+        for col in fitting[b]:
+            col = int(col)
+            if col not in wanted or answers[col] == secret or answers[col] in guesses:
+                continue
+            picks = found.setdefault(col, [])
+            if len(picks) < per_word:
+                picks.append(b)
+    examples = [CoverageExample(w, distinct[b][0], distinct[b][1], len(fitting[b]))
+                for w in words for b in found.get(index[w], [])]
+    return examples, [w for w in words if index[w] not in found]

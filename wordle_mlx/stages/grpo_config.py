@@ -28,11 +28,11 @@ class ModelSection(StrictModel):
 
 
 class LoraSection(StrictModel):
-    rank: int = Field(8, ge=1)
-    scale: float = Field(20.0, gt=0)
+    rank: int = Field(8, ge=1, description="Ignored with model.adapter (the adapter's own rank applies).")
+    scale: float = Field(20.0, gt=0, description="Ignored with model.adapter (the adapter's own scale applies).")
     dropout: float = Field(0.0, ge=0, lt=1)
     num_layers: int = Field(-1, ge=-1, description="Last N blocks get LoRA; -1 = all. Ignored with model.adapter.")
-    keys: list[str] | None = None
+    keys: list[str] | None = Field(None, description="Ignored with model.adapter (the adapter's own keys apply).")
     train_layers: int | None = Field(None, ge=1, description=(
         "With model.adapter: only the LoRA weights of the last N blocks train; the others keep the adapter's "
         "values (and still act). None: all of the adapter's LoRA weights train."))

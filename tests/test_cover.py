@@ -74,6 +74,17 @@ class CoverageExamplesTest(unittest.TestCase):
             self.assertEqual(len({(ex.secret, ex.history) for ex in mine}), 3)
             self.assertEqual([ex.candidates for ex in mine], sorted(ex.candidates for ex in mine))
 
+    def test_max_candidates_keeps_only_tight_boards(self):
+        words = sorted({w for s, g in self.boards for w in fitting(self.solver, s, g)})
+        every, never = coverage_examples(self.boards, words, self.solver)
+        tight, uncovered = coverage_examples(self.boards, words, self.solver, max_candidates=5)
+        self.assertTrue(all(ex.candidates <= 5 for ex in tight))
+        # the same picks where the tightest board was already tight enough; the rest uncovered
+        self.assertEqual(tight, [ex for ex in every if ex.candidates <= 5])
+        self.assertEqual(set(uncovered), {ex.word for ex in every if ex.candidates > 5} | set(never))
+        with self.assertRaisesRegex(ValueError, "max_candidates must be at least 2"):
+            coverage_examples(self.boards, words, self.solver, max_candidates=1)
+
     def test_a_word_that_is_only_ever_the_secret_is_uncovered(self):
         secret = self.boards[0][0]
         only = [(s, g) for s, g in self.boards if s == secret]

@@ -28,13 +28,17 @@ class CoverageExample:
 
 
 def coverage_examples(boards: Iterable[tuple[str, Sequence[str]]], words: Sequence[str], solver: Solver,
-                      per_word: int = 1) -> tuple[list[CoverageExample], list[str]]:
+                      per_word: int = 1, max_candidates: int | None = None
+                      ) -> tuple[list[CoverageExample], list[str]]:
     """(examples, uncovered words): for each of `words` (answer words), up to `per_word` distinct boards from
     `boards` ((secret, guesses) pairs; duplicates are ignored) on which it fits every clue, is not the secret
-    and was not guessed, choosing the boards with the fewest fitting answers (ties: the order of `boards`).
-    Examples come grouped by word, in the order of `words`; uncovered words fit no such board."""
+    and was not guessed, choosing the boards with the fewest fitting answers (ties: the order of `boards`),
+    and only boards with at most `max_candidates` fitting answers when given. Examples come grouped by word,
+    in the order of `words`; uncovered words fit no such board."""
     if per_word < 1:
         raise ValueError(f"per_word must be at least 1, got {per_word}")
+    if max_candidates is not None and max_candidates < 2:
+        raise ValueError(f"max_candidates must be at least 2 (the secret and the word), got {max_candidates}")
     answers = solver.table.answers
     index = {w: i for i, w in enumerate(answers)}
     missing = [w for w in words if w not in index]
@@ -45,7 +49,8 @@ def coverage_examples(boards: Iterable[tuple[str, Sequence[str]]], words: Sequen
     for secret, guesses in distinct:
         cols = solver.candidate_columns([(g, feedback(g, secret)) for g in guesses])
         fitting.append(cols)
-    order = sorted(range(len(distinct)), key=lambda b: (len(fitting[b]), b))
+    order = sorted((b for b in range(len(distinct)) if max_candidates is None or len(fitting[b]) <= max_candidates),
+                   key=lambda b: (len(fitting[b]), b))
     wanted = {index[w] for w in words}
     found: dict[int, list[int]] = {}
     for b in order:

@@ -37,6 +37,9 @@ class CoverConfig(StrictModel):
     data: str = Field(..., description="Input SFT data folder (train.jsonl, valid.jsonl, stats.json).")
     out: str = Field(..., description="Output folder: the input's records plus the coverage examples.")
     per_word: int = Field(1, ge=1, le=16, description="Distinct boards per answer word.")
+    max_candidates: int | None = Field(None, ge=2, description=(
+        "Only boards on which at most this many answers fit (None: any board, down to the empty one). Session 32: "
+        "labels on broad boards (e.g. 61 answers after one guess) taught odd early guesses and raised non-words."))
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Shuffle of the merged train records.")
     progress: bool = True
 
@@ -73,7 +76,8 @@ def run(cfg: CoverConfig) -> dict:
         boards.append((meta["secret"], meta["history"]))
     if any(secret in splits["test"] for secret, _ in boards):
         raise UserError(f"cover: {src / 'train.jsonl'} has a test secret; refusing to build on it")
-    examples, uncovered = coverage_examples(boards, solver.table.answers, solver, cfg.per_word)
+    examples, uncovered = coverage_examples(boards, solver.table.answers, solver, cfg.per_word,
+                                             cfg.max_candidates)
     records = []
     for ex in examples:
         history = [(g, feedback(g, ex.secret)) for g in ex.history]
@@ -87,7 +91,7 @@ def run(cfg: CoverConfig) -> dict:
     sizes = np.array([ex.candidates for ex in examples]) if examples else np.zeros(1)
     test = set(splits["test"])
     stats = {**stats, "coverage": {
-        "input": str(src), "per_word": cfg.per_word, "seed": cfg.seed, "examples": len(records),
+        "input": str(src), "per_word": cfg.per_word, "max_candidates": cfg.max_candidates, "seed": cfg.seed, "examples": len(records),
         "input_train_records": len(train), "words_covered": len({ex.word for ex in examples}),
         "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test),
         "candidates_median": float(np.median(sizes)), "candidates_max": int(sizes.max()),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from collections import Counter
 from pathlib import Path
 
 from wordle_mlx.config import load_config
@@ -149,6 +150,21 @@ class CoverRunTest(unittest.TestCase):
             stats = json.loads((out / "stats.json").read_text())
             self.assertEqual(stats["coverage"]["examples"], len(added))
             self.assertEqual(stats["prompt"], PROMPT.model_dump())
+
+    def test_copies_repeat_each_coverage_example(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            src = self.make_input(Path(tmp))
+            one = cover.run(cover.CoverConfig(data=str(src), out=str(Path(tmp) / "one"), max_candidates=5,
+                                              progress=False))
+            three = cover.run(cover.CoverConfig(data=str(src), out=str(Path(tmp) / "three"), max_candidates=5,
+                                                copies=3, progress=False))
+            self.assertGreater(one["examples"], 0)
+            self.assertEqual((three["examples"], three["records_added"]), (one["examples"], 3 * one["examples"]))
+            added = [json.loads(l) for l in (Path(tmp) / "three" / "train.jsonl").read_text().splitlines()
+                     if json.loads(l)["meta"]["mode"] == "answer_coverage"]
+            counts = Counter(json.dumps(r) for r in added)
+            self.assertEqual(set(counts.values()), {3})
+            self.assertEqual(len(counts), one["examples"])
 
     def test_bad_inputs_are_one_line_errors_and_write_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:

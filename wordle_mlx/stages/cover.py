@@ -37,6 +37,8 @@ class CoverConfig(StrictModel):
     data: str = Field(..., description="Input SFT data folder (train.jsonl, valid.jsonl, stats.json).")
     out: str = Field(..., description="Output folder: the input's records plus the coverage examples.")
     per_word: int = Field(1, ge=1, le=16, description="Distinct boards per answer word.")
+    copies: int = Field(1, ge=1, le=16, description="Times each coverage example appears (as `choice` repeats "
+                        "its busy boards); a board's tight spots are few, so this is how a word is said more often.")
     max_candidates: int | None = Field(None, ge=2, description=(
         "Only boards on which at most this many answers fit (None: any board, down to the empty one). Session 32: "
         "labels on broad boards (e.g. 61 answers after one guess) taught odd early guesses and raised non-words."))
@@ -86,14 +88,14 @@ def run(cfg: CoverConfig) -> dict:
         records.append({"messages": messages, "meta": {
             "secret": ex.secret, "history": list(ex.history), "seeded": 0, "mode": "answer_coverage",
             "target": ex.word, "candidates": ex.candidates}})
-    merged = train + records
+    merged = train + records * cfg.copies
     random.Random(f"wordle-mlx-cover|{cfg.seed}").shuffle(merged)
     sizes = np.array([ex.candidates for ex in examples]) if examples else np.zeros(1)
     test = set(splits["test"])
     stats = {**stats, "coverage": {
-        "input": str(src), "per_word": cfg.per_word, "max_candidates": cfg.max_candidates, "seed": cfg.seed, "examples": len(records),
+        "input": str(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates, "seed": cfg.seed, "examples": len(records),
         "input_train_records": len(train), "words_covered": len({ex.word for ex in examples}),
-        "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test),
+        "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test), "records_added": len(records) * cfg.copies,
         "candidates_median": float(np.median(sizes)), "candidates_max": int(sizes.max()),
         "candidates_histogram": dict(sorted(Counter(
             "2" if n <= 2 else "3-5" if n <= 5 else "6-20" if n <= 20 else ">20" for n in sizes.tolist()).items())),

@@ -3,9 +3,9 @@
 A 270M model that has narrowed a held-out game to one answer often cannot spell it (session 32: 83 of 137
 losses end on three non-words with only the secret left), while words that some training board used as a
 label it spells. This stage reads a bare-guess SFT data folder (`choice` or `data` output with context
-`summary`), takes the boards of its train records, and for every answer word adds `per_word` examples on the
-boards where that word fits the clues with the fewest other answers, as a guess that is not the secret
-(`game/coverage.py`). Every answer is treated alike; the secrets stay the folder's train secrets, so no test
+`summary`), takes the boards of its train records, and for every answer word adds `per_word` examples (each
+`copies` times) on the boards where that word fits the clues with the fewest other answers, as a guess that is
+not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers. Every answer is treated alike; the secrets stay the folder's train secrets, so no test
 word is ever a secret. The train records and the new ones are shuffled together; valid records are copied
 as they are. Everything passes `data`'s replay check before the folder is written (atomically).
 """

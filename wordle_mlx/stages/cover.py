@@ -5,9 +5,11 @@ losses end on three non-words with only the secret left), while words that some 
 label it spells. This stage reads a bare-guess SFT data folder (`choice` or `data` output with context
 `summary`), takes the boards of its train records, and for every answer word adds `per_word` examples (each
 `copies` times) on the boards where that word fits the clues with the fewest other answers, as a guess that is
-not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers. Every answer is treated alike; the secrets stay the folder's train secrets, so no test
-word is ever a secret. The train records and the new ones are shuffled together; valid records are copied
-as they are. Everything passes `data`'s replay check before the folder is written (atomically).
+not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers.
+Every answer is treated alike; the secrets stay the folder's train secrets, so no test word is ever a secret.
+The train records and the new ones are shuffled together; valid records are copied as they are. Everything
+passes `data`'s replay check before the folder is written (atomically). Session 32: `--max-candidates 5
+--copies 4` raised one SFT pass from 63 to 73 / 200 held out, all of it on the test words it taught to say.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class CoverConfig(StrictModel):
 
 
 def read_folder(folder: Path) -> tuple[list[dict], list[dict], dict]:
+    """(train records, valid records or [], stats) of an SFT data folder; one-line errors for what is missing."""
     for name in ("train.jsonl", "stats.json"):
         if not (folder / name).is_file():
             raise UserError(f"cover: data {folder}: no {name} there (expected a `choice` or `data` output folder)")
@@ -72,7 +75,8 @@ def run(cfg: CoverConfig) -> dict:
     boards = []
     for i, r in enumerate(train, 1):
         meta = r.get("meta")
-        if not (isinstance(meta, dict) and isinstance(meta.get("secret"), str) and isinstance(meta.get("history"), list)):
+        if not (isinstance(meta, dict) and isinstance(meta.get("secret"), str)
+                and isinstance(meta.get("history"), list)):
             raise UserError(f"cover: {src / 'train.jsonl'} record {i}: no meta.secret and meta.history (needs "
                             "`choice` or `data` output)")
         boards.append((meta["secret"], meta["history"]))
@@ -93,9 +97,10 @@ def run(cfg: CoverConfig) -> dict:
     sizes = np.array([ex.candidates for ex in examples]) if examples else np.zeros(1)
     test = set(splits["test"])
     stats = {**stats, "coverage": {
-        "input": str(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates, "seed": cfg.seed, "examples": len(records),
+        "input": str(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates,
+        "seed": cfg.seed, "examples": len(records), "records_added": len(records) * cfg.copies,
         "input_train_records": len(train), "words_covered": len({ex.word for ex in examples}),
-        "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test), "records_added": len(records) * cfg.copies,
+        "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test),
         "candidates_median": float(np.median(sizes)), "candidates_max": int(sizes.max()),
         "candidates_histogram": dict(sorted(Counter(
             "2" if n <= 2 else "3-5" if n <= 5 else "6-20" if n <= 20 else ">20" for n in sizes.tolist()).items())),

@@ -4,12 +4,14 @@
 r - mean; a group whose rewards are all equal gets exactly 0 and is reported as skipped.
 `expected_reward_advantages` is the alternative of minimum risk training: each distinct reply of a group is
 weighted by its renormalised probability, which makes the update the exact gradient of the expected reward
-over the group's replies. `pack_batch`
+over the group's replies. `prefix_advantages` gives each token of a reply its own advantage: the change in
+the group's mean reward over the replies that share the prefix up to it, so tokens every reply shares get 0
+(the turn-mode alternative that leaves the letters a group agrees on alone). `pack_batch`
 right-pads `TokenSequence`s into one input array and keeps, for the model tokens only (mask 1), the flat
-position, target id, rollout log-prob, advantage and a weight; the weights implement the averaging:
-`token` (every model token in the step counts the same, DAPO) or `sequence` (each reply's tokens are
-averaged, then replies are averaged, original GRPO). Because weights are normalised over the whole step,
-micro-batches simply add their gradients. `grpo_loss` is
+position, target id, rollout log-prob, advantage (the sequence's, or one per token) and a weight; the
+weights implement the averaging: `token` (every model token in the step counts the same, DAPO) or
+`sequence` (each reply's tokens are averaged, then replies are averaged, original GRPO). Because weights
+are normalised over the whole step, micro-batches simply add their gradients. `grpo_loss` is
     sum_t w_t * -min(rho_t A_t, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A_t) + beta * KL_t,
 with rho_t = exp(new - old) against the rollout's own log-probs (same convention as generation.py:
 log_softmax(logits / T) at the sampled token, T = sampling temperature) and KL_t the k3 estimator
@@ -37,6 +39,22 @@ Averaging = Literal["token", "sequence"]
 ZERO_SPREAD = 1e-9
 
 
+def spread_groups(rewards: np.ndarray, groups: np.ndarray) -> tuple[list[np.ndarray], int]:
+    """(the index arrays of the groups whose rewards differ, the number of groups whose rewards are all
+    equal, which get no advantage); a non-finite reward raises."""
+    if not np.all(np.isfinite(rewards)):
+        raise ValueError(f"non-finite reward in {rewards.tolist()}")
+    live, skipped = [], 0
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        r = rewards[idx]
+        if r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()):
+            skipped += 1
+        else:
+            live.append(idx)
+    return live, skipped
+
+
 def group_advantages(rewards: Sequence[float], groups: Sequence[int], scale: bool = True,
                      eps: float = 1e-4) -> tuple[np.ndarray, int]:
     """(advantage per sample, number of zero-variance groups) for rewards grouped by `groups`."""
@@ -44,16 +62,10 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], scale: boo
     groups = np.asarray(groups)
     if rewards.shape != groups.shape:
         raise ValueError(f"{len(rewards)} rewards for {len(groups)} group ids")
-    if not np.all(np.isfinite(rewards)):
-        raise ValueError(f"non-finite reward in {rewards.tolist()}")
     out = np.zeros_like(rewards)
-    skipped = 0
-    for g in np.unique(groups):
-        idx = np.flatnonzero(groups == g)
+    live, skipped = spread_groups(rewards, groups)
+    for idx in live:
         r = rewards[idx]
-        if r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()):
-            skipped += 1
-            continue
         centred = r - r.mean()
         out[idx] = centred / (r.std() + eps) if scale else centred
     return out, skipped
@@ -105,6 +117,40 @@ def expected_reward_advantages(rewards: Sequence[float], groups: Sequence[int], 
     return out, skipped
 
 
+def prefix_advantages(replies: Sequence[Sequence[int]], rewards: Sequence[float], groups: Sequence[int],
+                      scale: bool = True, eps: float = 1e-4) -> tuple[list[np.ndarray | None], int]:
+    """(per-token advantages of each reply, None for a zero-variance group; number of such groups).
+
+    Within a group, V(p) is the mean reward of the replies that begin with the token prefix p (V of the empty
+    prefix is the group mean), and token t of reply y gets V(y[:t + 1]) - V(y[:t]), divided by the group's
+    reward std when `scale`. The tokens of a reply add up to V(y) - mean, GRPO's advantage (for a reply
+    sampled once), but a token that every reply of the group shares (e.g. the first letters all replies
+    agree on) gets 0: only the tokens where replies branch are pushed up or down, by how much the branch
+    changed the mean reward (a per-group Monte-Carlo value at every prefix, as in tree-search RL for LLMs).
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    groups = np.asarray(groups)
+    if not (rewards.shape == groups.shape == (len(replies),)):
+        raise ValueError(f"{len(rewards)} rewards and {len(replies)} replies for {len(groups)} group ids")
+    out: list[np.ndarray | None] = [None] * len(replies)
+    live, skipped = spread_groups(rewards, groups)
+    for idx in live:
+        r = rewards[idx]
+        div = (r.std() + eps) if scale else 1.0
+        toks = [tuple(int(t) for t in replies[i]) for i in idx]
+        value: dict[tuple, float] = {}
+
+        def v(prefix: tuple) -> float:
+            if prefix not in value:
+                k = len(prefix)
+                value[prefix] = float(np.mean([rj for tj, rj in zip(toks, r) if tj[:k] == prefix]))
+            return value[prefix]
+
+        for i, y in zip(idx, toks):
+            out[i] = np.array([(v(y[:t + 1]) - v(y[:t])) / div for t in range(len(y))], dtype=np.float64)
+    return out, skipped
+
+
 @dataclass
 class PolicyBatch:
     """Model tokens of a set of sequences, ready for one forward pass (numpy; converted per micro-batch)."""
@@ -112,7 +158,7 @@ class PolicyBatch:
     positions: np.ndarray       # (M,) flat index into (N * L) of the position predicting each model token
     targets: np.ndarray         # (M,) the model token ids
     old_logprobs: np.ndarray    # (M,) rollout log-probs
-    advantages: np.ndarray      # (M,) advantage of each token's sequence
+    advantages: np.ndarray      # (M,) advantage of each token (its sequence's, or its own: `prefix_advantages`)
     weights: np.ndarray         # (M,) averaging weights; they sum to (this batch's share of) 1
     sequence: np.ndarray        # (M,) index of the sequence each token belongs to
     prefix: np.ndarray | None = None   # (Lp,) a prompt shared by every row; inputs are then the continuations
@@ -134,9 +180,20 @@ def averaging_weights(lengths: Sequence[int], averaging: Averaging) -> list[np.n
     raise ValueError(f"unknown averaging {averaging!r}; use 'token' or 'sequence'")
 
 
-def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence[float], weights: Sequence[np.ndarray],
+def token_advantages(advantage, n: int, i: int) -> np.ndarray:
+    """Sequence i's advantage for each of its n model tokens: one number for all, or an array of n."""
+    a = np.asarray(advantage, dtype=np.float32)
+    if a.ndim == 0:
+        return np.full(n, float(a), dtype=np.float32)
+    if a.shape != (n,):
+        raise ValueError(f"sequence {i}: {n} model tokens but {a.size} token advantages")
+    return a
+
+
+def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence, weights: Sequence[np.ndarray],
                pad_id: int = 0) -> PolicyBatch:
-    """Pad `sequences` into one batch; `advantages[i]` and `weights[i]` belong to sequence i."""
+    """Pad `sequences` into one batch; `advantages[i]` (a number, or one per model token) and `weights[i]`
+    belong to sequence i."""
     if not (len(sequences) == len(advantages) == len(weights)):
         raise ValueError("pack_batch needs one advantage and one weight array per sequence")
     width = max(len(s.tokens) for s in sequences) - 1
@@ -153,7 +210,7 @@ def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence[float], 
         pos.append(i * width + model_at)
         tgt.append(toks[model_at + 1])
         old.append(np.asarray(s.logprobs, dtype=np.float32)[model_at + 1])
-        adv.append(np.full(len(model_at), a, dtype=np.float32))
+        adv.append(token_advantages(a, len(model_at), i))
         wts.append(np.asarray(w, dtype=np.float32))
         seq.append(np.full(len(model_at), i, dtype=np.int32))
     cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
@@ -170,7 +227,7 @@ def shared_prompt_length(seq: TokenSequence) -> int | None:
     return k
 
 
-def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence[float],
+def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence,
                       weights: Sequence[np.ndarray], pad_id: int = 0) -> PolicyBatch:
     """Pack sequences that share one prompt (mask-0 prefix) followed by a reply each: `prefix` is the prompt
     without its last token, and row i of `inputs` is that last token followed by reply i (right-padded), so
@@ -193,7 +250,7 @@ def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence[f
         pos.append(i * width + np.arange(len(reply)))
         tgt.append(reply)
         old.append(np.asarray(q.logprobs[k:], dtype=np.float32))
-        adv.append(np.full(len(reply), a, dtype=np.float32))
+        adv.append(token_advantages(a, len(reply), i))
         wts.append(np.asarray(w, dtype=np.float32))
         seq.append(np.full(len(reply), i, dtype=np.int32))
     cat = lambda parts, dt: np.concatenate(parts).astype(dt)  # noqa: E731

@@ -17,7 +17,8 @@ batch, `rollout.play_on`) and win/early score that game: the reply's exact value
 ("greedy_return_strict": there, a rejected reply uses up a guess and counts as one). The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
 component values. `policy_update` computes group advantages (or, with `advantage="expected"`, those of minimum
-risk training: `item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups
+risk training: `item_advantages`; with `advantage="prefix"`, per-token ones that leave the tokens a group
+shares at 0: `prefix_item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups
 (or, with `unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the rest
 into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
 `max_tokens` padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only
@@ -36,7 +37,7 @@ import numpy as np
 from ..game.rewards import ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
 from .grpo_loss import (LossSettings, batch_arrays, expected_reward_advantages, group_advantages, grpo_loss, pack_batch,
-                        pack_shared_batch, reference_logprobs, shared_prompt_groups, split_batch)
+                        pack_shared_batch, prefix_advantages, reference_logprobs, shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
 from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _Game, _start, play_games, play_on,
                       prompt_token_ids, sample_replies, sample_replies_and_greedy)
@@ -201,7 +202,7 @@ def with_game_outcome(item: ScoredItem, won: bool, guesses: int, rewards: Reward
 class UpdateSettings:
     loss: LossSettings
     averaging: str = "token"
-    advantage: str = "normalized"        # GRPO: "normalized" or "centered"; or "expected" (minimum risk training)
+    advantage: str = "normalized"        # GRPO: "normalized" or "centered"; "prefix" (per token); "expected" (MRT)
     expected_sharpness: float = 1.0      # "expected": Q(y) is proportional to p(y) ** expected_sharpness
     unplayable_advantage: float = 0.0    # advantage of a group in which no reply played a word (0 = GRPO: skipped)
     max_grad_norm: float = 1.0           # 0 = no clipping
@@ -255,17 +256,20 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     start = time.perf_counter()
     advantages, skipped = item_advantages(items, s.advantage, s.expected_sharpness)
     advantages, unplayable = unplayable_group_advantages(items, advantages, s.unplayable_advantage)
+    per_token = prefix_item_advantages(items) if s.advantage == "prefix" else [None] * len(items)
     if s.positive_only:
         advantages = np.maximum(advantages, 0.0)
+        per_token = [None if a is None else np.maximum(a, 0.0) for a in per_token]
     skipped -= unplayable
-    live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
+    live_groups = {it.group for it, a, pt in zip(items, advantages, per_token)
+                   if a != 0.0 or (pt is not None and np.any(pt != 0.0))}
     seqs, advs = [], []
-    for it, a in zip(items, advantages):
+    for it, a, pt in zip(items, advantages, per_token):
         if it.group in live_groups:
             for seq in it.sequences:
                 if sum(seq.mask) > 0:
                     seqs.append(seq)
-                    advs.append(float(a))
+                    advs.append(float(a) if pt is None else pt)
     lengths = [sum(q.mask) for q in seqs]
     total_tokens, total_seqs, skipped, unplayable, groups = world.sum_floats(
         [sum(lengths), len(seqs), skipped, unplayable, len({it.group for it in items})])
@@ -319,6 +323,8 @@ def item_advantages(items: Sequence[ScoredItem], advantage: str, sharpness: floa
     """(advantage per item, zero-variance groups): GRPO's group-relative ones, or with "expected" those of
     minimum risk training, from each item's summed rollout log-prob, its replies' tokens as its identity."""
     rewards, groups = [it.reward for it in items], [it.group for it in items]
+    if advantage == "prefix":           # per-reply numbers for the skip count; the tokens' come from below
+        return group_advantages(rewards, groups, scale=True)
     if advantage in ("normalized", "centered"):
         return group_advantages(rewards, groups, scale=advantage == "normalized")
     if advantage != "expected":
@@ -326,6 +332,15 @@ def item_advantages(items: Sequence[ScoredItem], advantage: str, sharpness: floa
     logprobs = [sum(lp for q in it.sequences for lp, m in zip(q.logprobs, q.mask) if m) for it in items]
     keys = [tuple(t for q in it.sequences for t, m in zip(q.tokens, q.mask) if m) for it in items]
     return expected_reward_advantages(rewards, groups, logprobs, keys, sharpness)
+
+
+def prefix_item_advantages(items: Sequence[ScoredItem]) -> list[np.ndarray | None]:
+    """Per-token advantages of each item's reply (`grpo_loss.prefix_advantages`), None in a zero-variance
+    group; every item must be one reply sequence (turn mode)."""
+    if any(len(it.sequences) != 1 for it in items):
+        raise ValueError("advantage 'prefix' needs one reply sequence per item (rl.mode 'turn')")
+    replies = [[t for t, m in zip(it.sequences[0].tokens, it.sequences[0].mask) if m] for it in items]
+    return prefix_advantages(replies, [it.reward for it in items], [it.group for it in items])[0]
 
 
 def unplayable_group_advantages(items: Sequence[ScoredItem], advantages: np.ndarray,

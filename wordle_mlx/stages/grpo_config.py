@@ -127,8 +127,11 @@ class GRPOSection(StrictModel):
         "(model.adapter's weights, or the fresh LoRA, which equals the base model), kept as a copy of the LoRA "
         "weights, so beta pulls against drift away from the SFT policy."))
     averaging: Literal["token", "sequence"] = "token"
-    advantage: Literal["normalized", "centered", "expected"] = Field("normalized", description=(
-        "'normalized': GRPO, (r - mean) / std within a group; 'centered': r - mean (Dr. GRPO); 'expected': minimum "
+    advantage: Literal["normalized", "centered", "prefix", "expected"] = Field("normalized", description=(
+        "'normalized': GRPO, (r - mean) / std within a group; 'centered': r - mean (Dr. GRPO); 'prefix' (turn "
+        "mode): per token, the change in the mean reward of the group's replies that share the prefix up to "
+        "and including it, over the group std, so tokens all replies share get 0 (llm/grpo_loss.py "
+        "prefix_advantages); 'expected': minimum "
         "risk training (Shen et al. 2016) over each group's distinct replies, each weighted by its probability "
         "renormalised over the group (p ** expected_sharpness), so the update is the exact gradient of the "
         "expected reward over that set: an unlikely sample moves the policy little. Needs averaging 'token' "
@@ -201,6 +204,13 @@ class GRPOConfig(StrictModel):
         if self.lora.train_layers is not None and self.model.adapter is None:
             raise ValueError(f"lora.train_layers = {self.lora.train_layers} needs model.adapter (a fresh LoRA "
                              "covers the last lora.num_layers blocks, set that instead)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_advantage_for_mode(self) -> "GRPOConfig":
+        if self.grpo.advantage == "prefix" and self.rl.mode != "turn":
+            raise ValueError(f"grpo.advantage 'prefix' needs rl.mode 'turn' (one reply per sample), "
+                             f"got rl.mode {self.rl.mode!r}")
         return self
 
     @model_validator(mode="after")

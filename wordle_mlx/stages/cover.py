@@ -9,7 +9,8 @@ not the secret (`game/coverage.py`), optionally only on boards with at most `max
 Every answer is treated alike; the secrets stay the folder's train secrets, so no test word is ever a secret.
 The train records and the new ones are shuffled together; valid records are copied as they are. Everything
 passes `data`'s replay check before the folder is written (atomically). Session 32: `--max-candidates 5
---copies 4` raised one SFT pass from 63 to 73 / 200 held out, all of it on the test words it taught to say.
+--copies 4` raised one SFT pass from 63 to 73 / 200 held out, all of it on the test words it taught to say;
+session 33: a second seed of that pass won 60 (the taught words 14, against 5-7 without coverage).
 """
 
 from __future__ import annotations

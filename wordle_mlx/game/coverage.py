@@ -6,9 +6,9 @@ words taught this way, four times each, were then won 16 times in 63 (14 with an
 against 5-7 with none or one. A board of a train secret often leaves other answers that fit every clue;
 guessing one of them is a good hard-mode move. This module picks, for each word, the `per_word` boards (of a
 given set, e.g. an SFT data folder's) with the fewest fitting answers on which the word fits, is not the
-secret and was not guessed yet. Words are all treated alike,
-so the model learns to name every answer the way the solver knows its candidate list; secrets stay those of the
-boards (never test words). Pure numpy over the precomputed pattern table.
+secret and was not guessed yet. Words are all treated alike, so the model learns to name every answer the
+way the solver knows its candidate list; secrets stay those of the boards (never test words). Pure numpy over
+the precomputed pattern table.
 """
 
 from __future__ import annotations

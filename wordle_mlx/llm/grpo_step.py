@@ -261,8 +261,8 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         advantages = np.maximum(advantages, 0.0)
         per_token = [None if a is None else np.maximum(a, 0.0) for a in per_token]
     skipped -= unplayable
-    live_groups = {it.group for it, a, pt in zip(items, advantages, per_token)
-                   if a != 0.0 or (pt is not None and np.any(pt != 0.0))}
+    # with "prefix", a group with any reward spread also has a reply whose (scalar) advantage is not 0
+    live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
     seqs, advs = [], []
     for it, a, pt in zip(items, advantages, per_token):
         if it.group in live_groups:

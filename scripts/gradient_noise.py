@@ -66,8 +66,8 @@ def grpo_units(cfg, boards: int, seed: int):
     from wordle_mlx.game.solver import Solver
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm import grpo_step
-    from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, group_advantages, grpo_loss,
-                                          pack_shared_batch)
+    from wordle_mlx.llm.advantages import group_advantages
+    from wordle_mlx.llm.grpo_loss import LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_shared_batch
     from wordle_mlx.stages.entropy import load_table
     from wordle_mlx.stages.grpo import PromptSource, load_policy, rollout_config
 

@@ -21,8 +21,9 @@ from wordle_mlx.llm import grpo_loss as grpo_loss_module
 from wordle_mlx.llm import grpo_step
 from wordle_mlx.llm.episode import TokenSequence
 from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, expected_reward_advantages,
-                                      group_advantages, grpo_loss, lora_disabled, pack_batch, selected_logprobs)
+from wordle_mlx.llm.advantages import expected_reward_advantages, group_advantages
+from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, lora_disabled, pack_batch,
+                                      selected_logprobs)
 from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
 from wordle_mlx.llm.lora import apply_lora, lora_parameters
 from wordle_mlx.llm.models import load_model

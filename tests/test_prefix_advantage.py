@@ -14,8 +14,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from wordle_mlx.config import validate_config
 from wordle_mlx.errors import UserError
 from wordle_mlx.llm.episode import TokenSequence
-from wordle_mlx.llm.grpo_loss import (LossSettings, batch_arrays, group_advantages, grpo_loss, pack_batch,
-                                      pack_shared_batch, prefix_advantages)
+from wordle_mlx.llm.advantages import group_advantages, prefix_advantages
+from wordle_mlx.llm.grpo_loss import LossSettings, batch_arrays, grpo_loss, pack_batch, pack_shared_batch
 from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update, prefix_item_advantages
 from wordle_mlx.stages import grpo as stage
 

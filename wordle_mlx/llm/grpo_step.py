@@ -36,8 +36,9 @@ import numpy as np
 
 from ..game.rewards import ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
-from .grpo_loss import (LossSettings, batch_arrays, expected_reward_advantages, group_advantages, grpo_loss, pack_batch,
-                        pack_shared_batch, prefix_advantages, reference_logprobs, shared_prompt_groups, split_batch)
+from .advantages import expected_reward_advantages, group_advantages, prefix_advantages
+from .grpo_loss import (LossSettings, batch_arrays, grpo_loss, pack_batch, pack_shared_batch, reference_logprobs,
+                        shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
 from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _Game, _start, play_games, play_on,
                       prompt_token_ids, sample_replies, sample_replies_and_greedy)
@@ -335,7 +336,7 @@ def item_advantages(items: Sequence[ScoredItem], advantage: str, sharpness: floa
 
 
 def prefix_item_advantages(items: Sequence[ScoredItem]) -> list[np.ndarray | None]:
-    """Per-token advantages of each item's reply (`grpo_loss.prefix_advantages`), None in a zero-variance
+    """Per-token advantages of each item's reply (`advantages.prefix_advantages`), None in a zero-variance
     group; every item must be one reply sequence (turn mode)."""
     if any(len(it.sequences) != 1 for it in items):
         raise ValueError("advantage 'prefix' needs one reply sequence per item (rl.mode 'turn')")

@@ -130,7 +130,7 @@ class GRPOSection(StrictModel):
     advantage: Literal["normalized", "centered", "prefix", "expected"] = Field("normalized", description=(
         "'normalized': GRPO, (r - mean) / std within a group; 'centered': r - mean (Dr. GRPO); 'prefix' (turn "
         "mode): per token, the change in the mean reward of the group's replies that share the prefix up to "
-        "and including it, over the group std, so tokens all replies share get 0 (llm/grpo_loss.py "
+        "and including it, over the group std, so tokens all replies share get 0 (llm/advantages.py "
         "prefix_advantages; measured in docs/RESULTS.md, session 33: 58 and 51 / 200 from SFT starts of 63 and "
         "73, where 'normalized' gave 57 and 46); 'expected': minimum "
         "risk training (Shen et al. 2016) over each group's distinct replies, each weighted by its probability "

@@ -15,11 +15,11 @@ from wordle_mlx.blas import reexec_with_openblas
 reexec_with_openblas()
 
 from wordle_mlx.config import load_config  # noqa: E402
-from wordle_mlx.llm import grpo_loss, grpo_step  # noqa: E402
+from wordle_mlx.llm import advantages, grpo_step  # noqa: E402
 from wordle_mlx.stages import grpo  # noqa: E402
 
 RNG = np.random.default_rng(12345)
-real_group_advantages = grpo_loss.group_advantages
+real_group_advantages = advantages.group_advantages
 
 
 def shuffled_group_advantages(rewards, groups, scale=True, eps=1e-4):

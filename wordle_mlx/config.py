@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 from .errors import UserError
 
 M = TypeVar("M", bound="StrictModel")
+MODEL_SPEC_HELP = ("Model spec (see llm/models.py): builtin:NAME, a Hub id, or a folder, which like the CLI's --model is "
+                   "relative to the working directory, not to the config file.")
 
 
 class StrictModel(BaseModel):

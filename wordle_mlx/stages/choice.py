@@ -29,7 +29,7 @@ from collections import Counter
 
 from pydantic import Field, field_validator
 
-from ..config import StrictModel, resolve_path
+from ..config import MODEL_SPEC_HELP, StrictModel, resolve_path
 from ..errors import UserError
 from ..game.feedback import feedback
 from ..game.solver import Solver
@@ -44,7 +44,7 @@ from .entropy import load_table
 
 
 class ChoiceConfig(StrictModel):
-    model: str = Field("builtin:gemma-3-270m", description="Model spec (see llm/models.py).")
+    model: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
     adapter: str | None = Field(None, description="LoRA adapter folder of the model whose choices label the data.")
     dtype: str | None = None
     out: str = Field(..., description="Output folder for train.jsonl, valid.jsonl and stats.json.")

@@ -19,7 +19,7 @@ import random
 
 from pydantic import Field, model_validator
 
-from ..config import StrictModel, resolve_path
+from ..config import MODEL_SPEC_HELP, StrictModel, resolve_path
 from ..errors import UserError
 from ..game.feedback import feedback
 from ..game.solver import Solver
@@ -35,7 +35,7 @@ from .entropy import load_table
 
 
 class DaggerConfig(StrictModel):
-    model: str = Field("builtin:gemma-3-270m", description="Model spec (see llm/models.py).")
+    model: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
     adapter: str | None = Field(None, description="LoRA adapter folder of the model that plays.")
     dtype: str | None = None
     out: str = Field(..., description="Output folder for train.jsonl, valid.jsonl and stats.json.")

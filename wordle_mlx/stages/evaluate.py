@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import Field
 from rich.table import Table
 
-from ..config import StrictModel, resolve_path
+from ..config import MODEL_SPEC_HELP, StrictModel, resolve_path
 from ..errors import UserError
 from ..fileio import write_json_atomic
 from ..game.knowledge import is_consistent
@@ -40,7 +40,7 @@ TIMING_KEYS = ("seconds", "tokens_per_second")
 
 
 class EvalConfig(StrictModel):
-    model: str = Field("builtin:gemma-3-270m", description="Model spec (see llm/models.py).")
+    model: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
     adapter: str | None = Field(None, description="LoRA adapter folder.")
     dtype: str | None = None
     games: int = Field(200, ge=1, description="Play the first N words of the split.")

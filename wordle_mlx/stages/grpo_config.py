@@ -15,14 +15,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..config import StrictModel
+from ..config import MODEL_SPEC_HELP, StrictModel
 from ..game.rewards import RewardWeights
 from ..game.seeding import HistoryPolicy
 from ..llm.prompts import PromptConfig
 
 
 class ModelSection(StrictModel):
-    name: str = Field("builtin:gemma-3-270m", description="Model spec (see llm/models.py).")
+    name: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
     adapter: str | None = Field(None, description="SFT adapter folder to start from (relative to the config file).")
     dtype: str | None = None
 

@@ -19,6 +19,11 @@ import numpy as np
 ZERO_SPREAD = 1e-9
 
 
+def no_spread(r: np.ndarray) -> bool:
+    """True when the rewards `r` of one group are all equal (up to ZERO_SPREAD, relative): no advantage."""
+    return bool(r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()))
+
+
 def spread_groups(rewards: np.ndarray, groups: np.ndarray) -> tuple[list[np.ndarray], int]:
     """(the index arrays of the groups whose rewards differ, the number of groups whose rewards are all
     equal, which get no advantage); a non-finite reward raises."""
@@ -27,8 +32,7 @@ def spread_groups(rewards: np.ndarray, groups: np.ndarray) -> tuple[list[np.ndar
     live, skipped = [], 0
     for g in np.unique(groups):
         idx = np.flatnonzero(groups == g)
-        r = rewards[idx]
-        if r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()):
+        if no_spread(rewards[idx]):
             skipped += 1
         else:
             live.append(idx)
@@ -85,7 +89,7 @@ def expected_reward_advantages(rewards: Sequence[float], groups: Sequence[int], 
             copies[keys[i]] = copies.get(keys[i], 0) + 1
         uniq = list(first.values())
         r = rewards[uniq]
-        if r.max() - r.min() <= ZERO_SPREAD * max(1.0, np.abs(r).max()):
+        if no_spread(r):
             skipped += 1
             continue
         z = sharpness * logprobs[uniq]

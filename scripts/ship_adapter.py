@@ -37,7 +37,9 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
   `dagger_N.json`, when present: DAgger rounds (`wordle-mlx dagger`), the boards the model reached itself
   labelled by the teacher; `choice_N.json`, when present: self-choice rounds (`wordle-mlx choice`), self-play
   boards labelled with the fitting answer the model scored highest. The SFT configs after the third train
-  on them, in order, each from the adapter of the one before. `grpo.json` starts from the last SFT.
+  on them, in order, each from the adapter of the one before (its `init_adapter`). `grpo.json`, or
+  `grpo_N.json` for several GRPO stages in the order they ran: each names the adapter it starts from
+  (`model.adapter`); the last one trained this adapter. `scripts/train_270m_cpu.sh` runs them all in order.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 
@@ -64,7 +66,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data-config", type=Path, action="append", required=True, help="Repeatable, in order.")
     ap.add_argument("--sft-config", type=Path, action="append", required=True, help="Repeatable, in order.")
-    ap.add_argument("--grpo-config", type=Path)
+    ap.add_argument("--grpo-config", type=Path, action="append", default=[],
+                    help="GRPO stages' configs (repeatable, in order); the last one trained --adapter.")
     ap.add_argument("--dagger-config", type=Path, action="append", default=[],
                     help="DAgger rounds' configs (repeatable, in order); their data folders' secrets are added.")
     ap.add_argument("--choice-config", type=Path, action="append", default=[],
@@ -99,8 +102,8 @@ def main() -> None:
             shutil.copy2(path, recipe / (f"data_{i}.json" if len(args.data_config) > 1 else "data.json"))
         for i, path in enumerate(args.sft_config, start=1):
             shutil.copy2(path, recipe / (f"sft_{i}.json" if len(args.sft_config) > 1 else "sft.json"))
-        if args.grpo_config:
-            shutil.copy2(args.grpo_config, recipe / "grpo.json")
+        for i, path in enumerate(args.grpo_config, start=1):
+            shutil.copy2(path, recipe / (f"grpo_{i}.json" if len(args.grpo_config) > 1 else "grpo.json"))
         for kind, paths in (("dagger", args.dagger_config), ("choice", args.choice_config)):
             for i, path in enumerate(paths, start=1):
                 shutil.copy2(path, recipe / f"{kind}_{i}.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unittest
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from wordle_mlx.stages.evaluate import EvalConfig
 from wordle_mlx.stages.grpo import GRPOConfig
 from wordle_mlx.stages.sft import SFTConfig
 
-CONFIG = Path(__file__).resolve().parent.parent / "config"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config"
 MODELS = {"data": DataConfig, "demo_data": DataConfig, "sft": SFTConfig, "demo_sft": SFTConfig,
           "grpo": GRPOConfig, "demo_grpo": GRPOConfig, "eval": EvalConfig, "dagger": DaggerConfig,
           "choice": ChoiceConfig}
@@ -41,6 +43,7 @@ class ShippedConfigTest(unittest.TestCase):
         chains = [("sft_cpu_270m", "grpo_cpu_270m", "data"), ("sft_focus_cpu_270m", "grpo_focus_cpu_270m", "data_focus"),
                   ("sft_fit_cpu_270m", "grpo_fit_cpu_270m", "data_fit"),
                   ("sft_choice5_cpu_270m", "grpo_choice_cpu_270m", None),
+                  ("sft_cover_cpu_270m", "grpo_cover_cpu_270m", None),
                   ("demo_sft", "demo_grpo", "demo_data"),
                   ("sft_lora_config", "grpo_lora_config", "data_4b")]
         for sft_name, grpo_name, data_name in chains:
@@ -93,6 +96,23 @@ class ShippedConfigTest(unittest.TestCase):
                 self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
                 self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(choice, choice.out).resolve())
                 adapter = resolve_path(sft, sft.logs_dir).resolve() / sft.run_name / "adapters"
+
+    def test_coverage_round_chains(self):
+        """Part 3 of the recipe: the second choice round plays the GRPO-choice adapter, the script's `cover` line
+        reads its folder and writes the one the SFT stage trains on, from the same adapter:
+        grpo-choice -> choice2 -> cover -> sft-cover (-> grpo-cover, checked above)."""
+        grpo = load_config(CONFIG / "grpo_choice_cpu_270m.json", GRPOConfig)
+        adapter = resolve_path(grpo, grpo.logs_dir).resolve() / grpo.run_name / "adapters"
+        choice = load_config(CONFIG / "choice2_270m.json", ChoiceConfig)
+        self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
+        script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
+        match = re.search(r"\$W cover --data (\S+) --out (\S+)", script)
+        self.assertIsNotNone(match, "scripts/train_270m_cpu.sh: no `$W cover --data A --out B` line")
+        self.assertEqual((ROOT / match[1]).resolve(), resolve_path(choice, choice.out).resolve())
+        sft = load_config(CONFIG / "sft_cover_cpu_270m.json", SFTConfig)
+        self.assertEqual(resolve_path(sft, sft.data).resolve(), (ROOT / match[2]).resolve())
+        self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,91 @@
+"""scripts/ship_adapter.py: the folder it writes (adapter, recipe configs in order, data seed, eval JSON) and
+its refusals (a missing adapter file, a missing data folder), which leave no folder behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "ship_adapter.py"
+
+
+def write_json(path: Path, obj: dict) -> Path:
+    path.write_text(json.dumps(obj))
+    return path
+
+
+class ShipAdapterTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.root = Path(self._tmp.name)
+        self.adapter = self.root / "run" / "adapters"
+        self.adapter.mkdir(parents=True)
+        (self.adapter / "adapters.safetensors").write_bytes(b"\0" * 64)
+        write_json(self.adapter / "adapter_config.json", {"fine_tune_type": "lora"})
+        data = self.root / "data"
+        data.mkdir()
+        for split, secrets in (("train", ["cigar", "rebut", "cigar"]), ("valid", ["sissy"])):
+            (data / f"{split}.jsonl").write_text(
+                "".join(json.dumps({"messages": [], "meta": {"secret": s}}) + "\n" for s in secrets))
+        self.data_cfg = write_json(self.root / "data.json", {"out": "data", "seed": 3})
+        self.sft_cfg = write_json(self.root / "sft.json", {"steps": 1})
+        self.grpo_cfgs = [write_json(self.root / f"grpo_stage{i}.json", {"run_name": f"g{i}"}) for i in (1, 2)]
+        self.eval = write_json(self.root / "eval_grpo_greedy.json", {
+            "split": "test", "history": "none", "temperature": 0.0, "wins": 3, "games": 10, "win_rate": 0.3,
+            "win_rate_ci95": [0.1, 0.6], "format_error_rate": 0.0, "invalid_rate": 0.25})
+        self.out = self.root / "shipped"
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def ship(self, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), "--adapter", str(self.adapter), "--out", str(self.out),
+                               "--data-config", str(self.data_cfg), "--sft-config", str(self.sft_cfg), *extra],
+                              capture_output=True, text=True)
+
+    def test_writes_adapter_recipe_in_order_seed_and_evals(self):
+        grpo = [a for path in self.grpo_cfgs for a in ("--grpo-config", str(path))]
+        proc = self.ship(*grpo, "--eval", str(self.eval))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual((self.out / "adapters.safetensors").read_bytes(), b"\0" * 64)
+        recipe = self.out / "recipe"
+        self.assertEqual(sorted(p.name for p in recipe.iterdir()), ["data.json", "grpo_1.json", "grpo_2.json",
+                                                                    "sft.json"])
+        self.assertEqual(json.loads((recipe / "grpo_2.json").read_text())["run_name"], "g2")
+        seed = json.loads((self.out / "data_seed.json").read_text())
+        self.assertEqual(seed["secrets"], {"train": ["cigar", "rebut"], "valid": ["sissy"]})
+        self.assertEqual(seed["data_configs"], [{"out": "data", "seed": 3}])
+        self.assertIn("| 3 / 10 | 30.0% (10.0-60.0) |", (self.out / "README.md").read_text())
+        self.assertTrue((self.out / "eval_grpo_greedy.json").is_file())
+        self.assertEqual([p.name for p in self.root.iterdir() if p.name.startswith(".shipped")], [])
+
+    def test_one_grpo_config_keeps_its_plain_name(self):
+        proc = self.ship("--grpo-config", str(self.grpo_cfgs[0]))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertTrue((self.out / "recipe" / "grpo.json").is_file())
+
+    def test_missing_adapter_file_is_refused(self):
+        (self.adapter / "adapter_config.json").unlink()
+        proc = self.ship()
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("adapter_config.json: missing", proc.stderr)
+        self.assertFalse(self.out.exists())
+
+    def test_missing_data_folder_is_refused_and_an_old_folder_survives(self):
+        self.out.mkdir()
+        (self.out / "old.txt").write_text("kept")
+        (self.root / "data" / "valid.jsonl").unlink()
+        proc = self.ship()
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("valid.jsonl: missing", proc.stderr)
+        self.assertEqual((self.out / "old.txt").read_text(), "kept")
+
+
+if __name__ == "__main__":
+    unittest.main()

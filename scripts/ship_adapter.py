@@ -48,6 +48,7 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
 {evals}
 """
 MAX_BYTES = 20 * 1024 * 1024
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def data_secrets(data_dir: Path) -> dict[str, list[str]]:
@@ -58,6 +59,17 @@ def data_secrets(data_dir: Path) -> dict[str, list[str]]:
             sys.exit(f"error: {path}: missing (run `wordle-mlx data --config ...` first)")
         out[split] = sorted({json.loads(line)["meta"]["secret"] for line in path.read_text().splitlines() if line})
     return out
+
+
+def round_secrets(cfg: dict) -> dict[str, list[str]]:
+    """The secrets a DAgger or self-choice round plays: a seeded shuffle of each split, cut to its game count
+    (the stages' own `secrets_for`), for a round whose data folder is no longer on this machine."""
+    sys.path.insert(0, str(ROOT))
+    from wordle_mlx.game.splits import split_answers
+    from wordle_mlx.stages.dagger import secrets_for
+    splits = split_answers()
+    return {split: sorted(secrets_for(splits[split], cfg.get(f"{split}_games") or len(splits[split]),
+                                      cfg.get("seed", 0), split)) for split in ("train", "valid")}
 
 
 def main() -> None:
@@ -85,9 +97,17 @@ def main() -> None:
     secrets: dict[str, set[str]] = {"train": set(), "valid": set()}
     dagger_cfgs = [json.loads(path.read_text()) for path in args.dagger_config]
     choice_cfgs = [json.loads(path.read_text()) for path in args.choice_config]
+    rounds = {path for path in [*args.dagger_config, *args.choice_config]}
     for path, cfg in [*zip(args.data_config, data_cfgs), *zip(args.dagger_config, dagger_cfgs),
                       *zip(args.choice_config, choice_cfgs)]:
-        for split, words in data_secrets((path.parent / cfg.get("out", "data/sft")).resolve()).items():
+        folder = (path.parent / cfg.get("out", "data/sft")).resolve()
+        if path in rounds and not (folder / "train.jsonl").is_file():
+            words_by_split = round_secrets(cfg)
+            print(f"note: {folder}: not here; the secrets its round played are taken from {path}'s seed",
+                  file=sys.stderr)
+        else:
+            words_by_split = data_secrets(folder)
+        for split, words in words_by_split.items():
             secrets[split].update(words)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)

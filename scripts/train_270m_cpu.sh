@@ -136,7 +136,7 @@ for c in sft_cpu_270m sft_focus_cpu_270m sft_fit_cpu_270m sft_choice_cpu_270m sf
     sft_cover_cpu_270m; do
   sft_configs+=(--sft-config "config/$c.json")
 done
-stage ship python3 scripts/ship_adapter.py --adapter logs/grpo-cover-270m/adapters --out "$SHIP" \
+stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/grpo-cover-270m/adapters --out "$SHIP" \
   --data-config config/data.json --data-config config/data_focus.json --data-config config/data_fit.json \
   --choice-config config/choice_270m.json --choice-config config/choice2_270m.json "${sft_configs[@]}" \
   --grpo-config config/grpo_fit_cpu_270m.json --grpo-config config/grpo_choice_cpu_270m.json \

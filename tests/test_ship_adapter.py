@@ -1,5 +1,6 @@
 """scripts/ship_adapter.py: the folder it writes (adapter, recipe configs in order, data seed, eval JSON) and
-its refusals (a missing adapter file, a missing data folder), which leave no folder behind.
+its refusals (a missing adapter file, a missing data folder), which leave no folder behind; a DAgger or
+self-choice round whose folder is gone contributes the secrets its seed plays.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
+
+from wordle_mlx.game.splits import split_answers
+from wordle_mlx.stages.dagger import secrets_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ship_adapter.py"
@@ -69,6 +73,19 @@ class ShipAdapterTest(unittest.TestCase):
         proc = self.ship("--grpo-config", str(self.grpo_cfgs[0]))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertTrue((self.out / "recipe" / "grpo.json").is_file())
+
+    def test_a_round_whose_folder_is_gone_adds_the_secrets_its_seed_plays(self):
+        choice = write_json(self.root / "choice.json", {"out": "gone", "seed": 7, "train_games": 5,
+                                                         "valid_games": 3})
+        proc = self.ship("--choice-config", str(choice))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("gone: not here", proc.stderr)
+        splits = split_answers()
+        seed = json.loads((self.out / "data_seed.json").read_text())
+        for split, n, own in (("train", 5, {"cigar", "rebut"}), ("valid", 3, {"sissy"})):
+            played = set(secrets_for(splits[split], n, 7, split))
+            self.assertEqual(set(seed["secrets"][split]), own | played, split)
+        self.assertTrue((self.out / "recipe" / "choice_1.json").is_file())
 
     def test_missing_adapter_file_is_refused(self):
         (self.adapter / "adapter_config.json").unlink()

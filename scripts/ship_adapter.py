@@ -37,7 +37,7 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
   `dagger_N.json`, when present: DAgger rounds (`wordle-mlx dagger`), the boards the model reached itself
   labelled by the teacher; `choice_N.json`, when present: self-choice rounds (`wordle-mlx choice`), self-play
   boards labelled with the fitting answer the model scored highest. The SFT configs after the third train
-  on them, in order, each from the adapter of the one before (its `init_adapter`). `grpo.json`, or
+  on them, in order, each from the adapter its `init_adapter` names (the stage before it). `grpo.json`, or
   `grpo_N.json` for several GRPO stages in the order they ran: each names the adapter it starts from
   (`model.adapter`); the last one trained this adapter. `scripts/train_270m_cpu.sh` runs them all in order.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid

@@ -12,10 +12,10 @@
 #   240 + 120 + 240 + 240 + 240 steps (31 + 23 + 30 + 34 + 30 min) and GRPO 14 min (8 steps of 8 boards at lr
 #   1e-5): about 3 h. Its adapter (shipped in sessions 12-34) wins 45 / 200 (22.5%); its last SFT alone 49.
 # - Part 3, the coverage round (STOP_AFTER=grpo-cover): a second choice round 13 min (alone), coverage 1 s, one
-#   SFT pass of 240 steps on the last 6 blocks 28 min (alone), GRPO with plain SGD 24-32 min (8 steps): about 1 h.
+#   SFT pass of 240 steps on the last 6 blocks 28 min (alone), GRPO with plain SGD 24-32 min (8 steps): about 1 h 5 min.
 #   SFT-only: 73 / 200 (36.5%); SFT+GRPO, the shipped adapter: 65 / 200 (32.5%). Session 35 reran it from
 #   part 2's adapter: data and adapters byte-identical to sessions 24, 32 and 33.
-# Together about 6 h 40 min of training, plus 200-game evals of 3.5-14 min each: about 1 h for the nine greedy ones
+# Together about 6 h 45 min of training, plus 200-game evals of 3.5-14 min each: about 1 h for the nine greedy ones
 # (EVALS=greedy), about 1 h 50 min for all fifteen. This is over the 3 hours we aimed for; on this CPU the
 # self-choice and coverage passes are what moved greedy play (RESULTS.md).
 #

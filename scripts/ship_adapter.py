@@ -97,7 +97,7 @@ def main() -> None:
     secrets: dict[str, set[str]] = {"train": set(), "valid": set()}
     dagger_cfgs = [json.loads(path.read_text()) for path in args.dagger_config]
     choice_cfgs = [json.loads(path.read_text()) for path in args.choice_config]
-    rounds = {path for path in [*args.dagger_config, *args.choice_config]}
+    rounds = {*args.dagger_config, *args.choice_config}
     for path, cfg in [*zip(args.data_config, data_cfgs), *zip(args.dagger_config, dagger_cfgs),
                       *zip(args.choice_config, choice_cfgs)]:
         folder = (path.parent / cfg.get("out", "data/sft")).resolve()

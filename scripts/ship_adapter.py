@@ -61,15 +61,15 @@ def data_secrets(data_dir: Path) -> dict[str, list[str]]:
     return out
 
 
-def round_secrets(cfg: dict) -> dict[str, list[str]]:
-    """The secrets a DAgger or self-choice round plays: a seeded shuffle of each split, cut to its game count
-    (the stages' own `secrets_for`), for a round whose data folder is no longer on this machine."""
+def round_secrets(kind: str, cfg: dict) -> dict[str, list[str]]:
+    """The secrets a DAgger or self-choice round (`kind`) played, from its config (the stage's own
+    `played_secrets`, with the stage's defaults), for a round whose data folder is no longer on this machine."""
     sys.path.insert(0, str(ROOT))
     from wordle_mlx.game.splits import split_answers
-    from wordle_mlx.stages.dagger import secrets_for
-    splits = split_answers()
-    return {split: sorted(secrets_for(splits[split], cfg.get(f"{split}_games") or len(splits[split]),
-                                      cfg.get("seed", 0), split)) for split in ("train", "valid")}
+    from wordle_mlx.stages.choice import ChoiceConfig
+    from wordle_mlx.stages.dagger import DaggerConfig, played_secrets
+    config = {"dagger": DaggerConfig, "choice": ChoiceConfig}[kind](**cfg)
+    return {split: sorted(words) for split, words in played_secrets(config, split_answers()).items()}
 
 
 def main() -> None:
@@ -97,12 +97,12 @@ def main() -> None:
     secrets: dict[str, set[str]] = {"train": set(), "valid": set()}
     dagger_cfgs = [json.loads(path.read_text()) for path in args.dagger_config]
     choice_cfgs = [json.loads(path.read_text()) for path in args.choice_config]
-    rounds = {*args.dagger_config, *args.choice_config}
-    for path, cfg in [*zip(args.data_config, data_cfgs), *zip(args.dagger_config, dagger_cfgs),
-                      *zip(args.choice_config, choice_cfgs)]:
+    for kind, path, cfg in [*(("data", *pc) for pc in zip(args.data_config, data_cfgs)),
+                            *(("dagger", *pc) for pc in zip(args.dagger_config, dagger_cfgs)),
+                            *(("choice", *pc) for pc in zip(args.choice_config, choice_cfgs))]:
         folder = (path.parent / cfg.get("out", "data/sft")).resolve()
-        if path in rounds and not (folder / "train.jsonl").is_file():
-            words_by_split = round_secrets(cfg)
+        if kind != "data" and not (folder / "train.jsonl").is_file():
+            words_by_split = round_secrets(kind, cfg)
             print(f"note: {folder}: not here; the secrets its round played are taken from {path}'s seed",
                   file=sys.stderr)
         else:

@@ -87,6 +87,16 @@ class ShipAdapterTest(unittest.TestCase):
             self.assertEqual(set(seed["secrets"][split]), own | played, split)
         self.assertTrue((self.out / "recipe" / "choice_1.json").is_file())
 
+    def test_a_gone_dagger_round_uses_the_dagger_defaults(self):
+        dagger_cfg = write_json(self.root / "dagger.json", {"out": "gone", "seed": 2, "valid_games": 4})
+        proc = self.ship("--dagger-config", str(dagger_cfg))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        splits = split_answers()
+        seed = json.loads((self.out / "data_seed.json").read_text())
+        played = set(secrets_for(splits["train"], 400, 2, "train"))   # DaggerConfig's train_games default
+        self.assertEqual(set(seed["secrets"]["train"]), {"cigar", "rebut"} | played)
+        self.assertEqual(set(seed["secrets"]["valid"]), {"sissy"} | set(secrets_for(splits["valid"], 4, 2, "valid")))
+
     def test_missing_adapter_file_is_refused(self):
         (self.adapter / "adapter_config.json").unlink()
         proc = self.ship()

@@ -73,8 +73,7 @@ class ShippedDataSeedTest(unittest.TestCase):
             self.assertEqual(len(self.seed.get(f"{kind}_configs", [])), len(rounds), kind)
             for cfg_dict in self.seed.get(f"{kind}_configs", []):
                 cfg = config(**cfg_dict)  # its defaults for what the file leaves out
-                for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games)):
-                    played = dagger.secrets_for(splits[split], n or len(splits[split]), cfg.seed, split)
+                for split, played in dagger.played_secrets(cfg, splits).items():
                     self.assertTrue(set(played) <= set(self.seed["secrets"][split]), (kind, split))
 
 

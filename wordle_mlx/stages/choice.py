@@ -38,7 +38,7 @@ from ..game.state import MAX_GUESSES, check_guess
 from ..game.words import answers
 from ..llm.prompts import PromptConfig, build_messages, choose_prompt, format_reply
 from ..progress import console, progress_bar
-from .dagger import secrets_for
+from .dagger import played_secrets
 from .data import invalid_reply, teacher_guess, write_checked_sft
 from .entropy import load_table
 
@@ -220,8 +220,7 @@ def run(cfg: ChoiceConfig) -> dict:
 
     data, stats = {}, {"model": cfg.model, "adapter": cfg.adapter, "seed": cfg.seed, "prompt": prompt.model_dump(),
                        "traffic_cap": cfg.traffic_cap, "retry_fraction": cfg.retry_fraction, "opener": cfg.opener}
-    for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games)):
-        secrets = secrets_for(splits[split], n or len(splits[split]), cfg.seed, split)
+    for split, secrets in played_secrets(cfg, splits).items():
         assert not set(secrets) & set(splits["test"]), "choice secrets overlap the test split"
         t0 = time.monotonic()
         with progress_bar(f"choice {split}", len(secrets), enabled=cfg.progress) as advance:

@@ -69,6 +69,13 @@ def secrets_for(split: list[str], n: int, seed: int, name: str) -> list[str]:
     return order[:n]
 
 
+def played_secrets(cfg, splits: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The secrets a DAgger or self-choice round (`cfg`: its config) plays, train then valid: the first
+    `train_games` / `valid_games` (None: the whole split) of a seeded shuffle of the split."""
+    return {split: secrets_for(splits[split], len(splits[split]) if n is None else n, cfg.seed, split)
+            for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games))}
+
+
 def episode_records(ep, cfg: DaggerConfig, solver: Solver) -> list[dict]:
     """One record per model turn of `ep`: that turn's prompt (board and last error) with the teacher's reply."""
     records, played, last_error, texts = [], [], None, []
@@ -120,8 +127,7 @@ def run(cfg: DaggerConfig) -> dict:
 
     data, stats = {}, {"model": cfg.model, "adapter": cfg.adapter, "seed": cfg.seed,
                        "prompt": cfg.rollout.prompt.model_dump(), "temperature": cfg.rollout.temperature}
-    for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games)):
-        secrets = secrets_for(splits[split], n, cfg.seed, split)
+    for split, secrets in played_secrets(cfg, splits).items():
         assert not set(secrets) & set(splits["test"]), "dagger secrets overlap the test split"
         with progress_bar(f"dagger {split}", len(secrets), enabled=cfg.progress) as advance:
             episodes = play_games(model, tokenizer, [GameSpec(s) for s in secrets], rollout, allowed,

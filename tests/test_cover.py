@@ -13,7 +13,7 @@ from pathlib import Path
 
 from wordle_mlx.config import load_config
 from wordle_mlx.errors import UserError
-from wordle_mlx.game.coverage import coverage_examples
+from wordle_mlx.game.coverage import coverage_examples, solver_boards, top_openers
 from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import is_consistent
 from wordle_mlx.game.solver import Solver
@@ -92,6 +92,22 @@ class CoverageExamplesTest(unittest.TestCase):
         examples, uncovered = coverage_examples(only, [secret], self.solver)
         self.assertEqual((examples, uncovered), ([], [secret]))
 
+    def test_solver_boards_are_the_solvers_games_after_each_opener(self):
+        openers = top_openers(self.solver, 3)
+        self.assertEqual(len(openers), 3)
+        self.assertTrue(all(w in self.solver.table.answer_index for w in openers))
+        secrets = split_answers()["train"][:5]
+        boards = solver_boards(self.solver, secrets, openers)
+        self.assertEqual({s for s, _ in boards}, set(secrets))
+        for secret in secrets:
+            for opener in openers:
+                game = self.solver.play(secret, [opener])
+                mine = [g for s, g in boards if s == secret and g[0] == opener]
+                # every position from the first guess on, the finished board left out
+                self.assertEqual(mine, [tuple(game[:k]) for k in range(1, len(game))])
+        with self.assertRaisesRegex(ValueError, "n must be at least 1"):
+            top_openers(self.solver, 0)
+
     def test_bad_arguments_raise(self):
         with self.assertRaisesRegex(ValueError, "'zzzzz' is not an answer word"):
             coverage_examples(self.boards, ["zzzzz"], self.solver)
@@ -151,20 +167,36 @@ class CoverRunTest(unittest.TestCase):
             self.assertEqual(stats["coverage"]["examples"], len(added))
             self.assertEqual(stats["prompt"], PROMPT.model_dump())
 
+    def plain_and_changed(self, root: Path, **change) -> tuple[dict, dict, list[dict]]:
+        """`cover` on one input with --max-candidates 5, as is and with `change`: (plain result, changed
+        result, the changed folder's coverage records)."""
+        src = self.make_input(root)
+        plain = cover.run(cover.CoverConfig(data=str(src), out=str(root / "plain"), max_candidates=5, progress=False))
+        changed = cover.run(cover.CoverConfig(data=str(src), out=str(root / "changed"), max_candidates=5,
+                                              progress=False, **change))
+        records = [json.loads(l) for l in (root / "changed" / "train.jsonl").read_text().splitlines()]
+        return plain, changed, [r for r in records if r["meta"]["mode"] == "answer_coverage"]
+
     def test_copies_repeat_each_coverage_example(self):
         with tempfile.TemporaryDirectory() as tmp:
-            src = self.make_input(Path(tmp))
-            one = cover.run(cover.CoverConfig(data=str(src), out=str(Path(tmp) / "one"), max_candidates=5,
-                                              progress=False))
-            three = cover.run(cover.CoverConfig(data=str(src), out=str(Path(tmp) / "three"), max_candidates=5,
-                                                copies=3, progress=False))
+            one, three, added = self.plain_and_changed(Path(tmp), copies=3)
             self.assertGreater(one["examples"], 0)
             self.assertEqual((three["examples"], three["records_added"]), (one["examples"], 3 * one["examples"]))
-            added = [json.loads(l) for l in (Path(tmp) / "three" / "train.jsonl").read_text().splitlines()
-                     if json.loads(l)["meta"]["mode"] == "answer_coverage"]
             counts = Counter(json.dumps(r) for r in added)
             self.assertEqual(set(counts.values()), {3})
             self.assertEqual(len(counts), one["examples"])
+
+    def test_solver_openers_add_boards_on_the_folders_own_secrets(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            plain, more, added = self.plain_and_changed(Path(tmp), solver_openers=4)
+            self.assertEqual(more["solver_openers"], top_openers(self.solver, 4))
+            self.assertGreater(more["words_covered"], plain["words_covered"])
+            secrets = set(self.splits["train"][:12])       # the input folder's train secrets, no others
+            self.assertEqual({r["meta"]["secret"] for r in added} - secrets, set())
+            self.assertTrue(all(r["meta"]["candidates"] <= 5 for r in added))
+            for r in added:
+                self.assertIn(r["meta"]["target"], fitting(self.solver, r["meta"]["secret"], r["meta"]["history"]))
+                self.assertNotEqual(r["meta"]["target"], r["meta"]["secret"])
 
     def test_bad_inputs_are_one_line_errors_and_write_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -230,12 +230,14 @@ def cover(config: ConfigOpt = None,
           per_word: Annotated[Optional[int], typer.Option("--per-word", help="Boards per answer word (default 1).")] = None,
           max_candidates: Annotated[Optional[int], typer.Option("--max-candidates", help="Only boards where at most this many answers fit.")] = None,
           copies: Annotated[Optional[int], typer.Option("--copies", help="Times each coverage example appears (default 1).")] = None,
+          solver_openers: Annotated[Optional[int], typer.Option("--solver-openers", help="Also boards from the solver's games on the same secrets, one per best opener (default 0).")] = None,
           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
     """Add answer-coverage examples to an SFT data folder: every answer as a fitting guess on train boards."""
     from .stages import cover as stage
     cfg = load_config(config, stage.CoverConfig, {
         "data": str(data.resolve()) if data else None, "out": str(out.resolve()) if out else None,
-        "per_word": per_word, "max_candidates": max_candidates, "copies": copies, "progress": False if no_progress else None})
+        "per_word": per_word, "max_candidates": max_candidates, "copies": copies,
+        "solver_openers": solver_openers, "progress": False if no_progress else None})
     emit(stage.run(cfg), json_output)
 
 

@@ -5,7 +5,8 @@ losses end on three non-words with only the secret left), while words that some 
 label it spells. This stage reads a bare-guess SFT data folder (`choice` or `data` output with context
 `summary`), takes the boards of its train records, and for every answer word adds `per_word` examples (each
 `copies` times) on the boards where that word fits the clues with the fewest other answers, as a guess that is
-not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers.
+not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers
+and with more boards from the entropy solver's games on the same secrets (`solver_openers`).
 Every answer is treated alike; the secrets stay the folder's train secrets, so no test word is ever a secret.
 The train records and the new ones are shuffled together; valid records are copied as they are. Everything
 passes `data`'s replay check before the folder is written (atomically). Session 32: `--max-candidates 5
@@ -25,7 +26,7 @@ from pydantic import Field
 
 from ..config import StrictModel, read_json_file, resolve_path
 from ..errors import UserError
-from ..game.coverage import coverage_examples
+from ..game.coverage import coverage_examples, solver_boards, top_openers
 from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.splits import split_answers
@@ -45,6 +46,10 @@ class CoverConfig(StrictModel):
     max_candidates: int | None = Field(None, ge=2, description=(
         "Only boards on which at most this many answers fit (None: any board, down to the empty one). Session 32: "
         "labels on broad boards (e.g. 61 answers after one guess) taught odd early guesses and raised non-words."))
+    solver_openers: int = Field(0, ge=0, le=64, description=(
+        "Also take boards from the entropy solver's games on the folder's own train secrets, one game per secret "
+        "for each of this many best answer-word openers (0: the folder's boards only). The folder's boards win "
+        "ties. Session 36: 10 openers leave 54 answers without a board of at most 5 fitting answers, not 1,402."))
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Shuffle of the merged train records.")
     progress: bool = True
 
@@ -83,6 +88,9 @@ def run(cfg: CoverConfig) -> dict:
         boards.append((meta["secret"], meta["history"]))
     if any(secret in splits["test"] for secret, _ in boards):
         raise UserError(f"cover: {src / 'train.jsonl'} has a test secret; refusing to build on it")
+    openers = top_openers(solver, cfg.solver_openers) if cfg.solver_openers else []
+    if openers:     # the same secrets, more boards: never a secret the folder did not already have
+        boards += solver_boards(solver, dict.fromkeys(secret for secret, _ in boards), openers)
     examples, uncovered = coverage_examples(boards, solver.table.answers, solver, cfg.per_word,
                                              cfg.max_candidates)
     records = []
@@ -99,7 +107,7 @@ def run(cfg: CoverConfig) -> dict:
     test = set(splits["test"])
     stats = {**stats, "coverage": {
         "input": str(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates,
-        "seed": cfg.seed, "examples": len(records), "records_added": len(records) * cfg.copies,
+        "solver_openers": openers, "seed": cfg.seed, "examples": len(records), "records_added": len(records) * cfg.copies,
         "input_train_records": len(train), "words_covered": len({ex.word for ex in examples}),
         "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test),
         "candidates_median": float(np.median(sizes)), "candidates_max": int(sizes.max()),

@@ -81,9 +81,9 @@ def top_openers(solver: Solver, n: int) -> list[str]:
 def solver_boards(solver: Solver, secrets: Iterable[str], openers: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
     """Boards of the entropy solver's games: for each secret and each opener, the game the solver plays after that
     first guess, every position from the first guess on (the finished board is left out). More boards than a
-    player's own games give most answers a tight board to be named on (session 36: 10 openers over the 2,015
-    train secrets leave 54 answers without a board of at most 5 fitting answers, against 1,402 for a choice
-    round's boards)."""
+    player's own games give most answers a tight board to be named on (session 36: 10 openers over the 1,585
+    train secrets of `data/choice2` leave 64 answers without a board of at most 5 fitting answers, against 1,402
+    for that choice round's own boards)."""
     boards = []
     for secret in secrets:
         for opener in openers:

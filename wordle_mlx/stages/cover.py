@@ -50,7 +50,7 @@ class CoverConfig(StrictModel):
         "Also take boards from the entropy solver's games on the folder's own train secrets, one game per secret "
         "for each of this many best answer-word openers (0: the folder's boards only). The folder's boards win "
         "ties. Session 36: 10 openers leave 64 answers without a board of at most 5 fitting answers, not 1,402, "
-        "but one SFT pass on that data won 57 / 200 (1 copy) and 47 (4 copies) against the recipe's 73."))
+        "but one SFT pass on that data won 47-59 / 200 (1 or 4 copies, 240 or 405 steps) against the recipe's 73."))
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Shuffle of the merged train records.")
     progress: bool = True
 

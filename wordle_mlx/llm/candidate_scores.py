@@ -33,8 +33,6 @@ def reply_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[
     """(len(replies),) float64: log p(reply | prompt) for each reply, summed over the reply's tokens."""
     import mlx.core as mx
 
-    from .logits import shared_prefix_logits
-
     if len(prompt_ids) < 2:
         raise ValueError("the prompt needs at least 2 tokens")
     if any(len(r) == 0 for r in replies):
@@ -54,14 +52,44 @@ def reply_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[
         # row j feeds the prompt's last token then the reply's own tokens; position t predicts reply token t
         inputs = [[last] + r[:-1] + [0] * (width - len(r)) for r in part]
         scored = [range(0 if start + j == 0 else shared, len(r)) for j, r in enumerate(part)]
-        positions = [j * width + t for j, ts in enumerate(scored) for t in ts]
-        targets = [part[j][t] for j, ts in enumerate(scored) for t in ts]
-        logits = shared_prefix_logits(model, prefix, mx.array(inputs), mx.array(positions)).astype(mx.float32)
-        picked = mx.take_along_axis(logits, mx.array(targets)[:, None], axis=-1)[:, 0]
-        token_lp = np.array(picked - mx.logsumexp(logits, axis=-1), dtype=np.float64)
+        token_lp = _scored_token_logprobs(model, prefix, inputs, part, scored, width)
         if start == 0:
             common = float(token_lp[:shared].sum())
         row = np.repeat(np.arange(len(part)), [len(ts) for ts in scored])
         out[start:start + len(part)] = np.bincount(row, weights=token_lp, minlength=len(part)) + common
     out[0] -= common                      # row 0 scored its shared tokens itself
+    return out
+
+
+def _scored_token_logprobs(model, prefix, inputs, part, scored, width, temperature: float = 1.0) -> np.ndarray:
+    """Flat float64 log p(token) at `temperature` of the scored reply tokens, row by row, in order."""
+    import mlx.core as mx
+
+    from .logits import shared_prefix_logits
+
+    positions = [j * width + t for j, ts in enumerate(scored) for t in ts]
+    targets = [part[j][t] for j, ts in enumerate(scored) for t in ts]
+    logits = shared_prefix_logits(model, prefix, mx.array(inputs), mx.array(positions)).astype(mx.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = mx.take_along_axis(logits, mx.array(targets)[:, None], axis=-1)[:, 0]
+    return np.array(picked - mx.logsumexp(logits, axis=-1), dtype=np.float64)
+
+
+def reply_token_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[int]], temperature: float = 1.0,
+                         chunk: int = 32) -> list[np.ndarray]:
+    """For each reply, float64 log p(token | prompt, earlier reply tokens) of each of its tokens at `temperature`
+    (the policy log-probs a sampled reply would carry; every row scores all of its own tokens)."""
+    import mlx.core as mx
+
+    if len(prompt_ids) < 2 or any(len(r) == 0 for r in replies):
+        raise ValueError("the prompt needs at least 2 tokens and every reply at least one")
+    prefix, last = mx.array([int(t) for t in prompt_ids[:-1]]), int(prompt_ids[-1])
+    out = []
+    for start in range(0, len(replies), chunk):
+        part = [list(map(int, r)) for r in replies[start:start + chunk]]
+        width = max(len(r) for r in part)
+        inputs = [[last] + r[:-1] + [0] * (width - len(r)) for r in part]
+        flat = _scored_token_logprobs(model, prefix, inputs, part, [range(len(r)) for r in part], width, temperature)
+        out += np.split(flat, np.cumsum([len(r) for r in part])[:-1])
     return out

@@ -11,7 +11,8 @@ with the first of the G replies: they are independent draws, so that is one on-p
 later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
 policy's own temperature-0 reply (a greedy row in the same batch), so the boards, error messages
 included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
-member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. With
+member G + 1 and is trained on, so the update pushes the greedy reply itself up or down; with a `guide`
+(`guide.GuideReplies`), a tight board's group also gets the fitting answer the model likes best. With
 `turn_reward="greedy_return"`, each distinct reply's game is then played on greedily to its end (one lockstep
 batch, `rollout.play_on`) and win/early score that game: the reply's exact value under greedy play
 ("greedy_return_strict": there, a rejected reply uses up a guess and counts as one). The result is a
@@ -111,7 +112,7 @@ TURN_REWARDS = ("immediate", "greedy_return", "greedy_return_strict")
 def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
                       allowed: Collection[str], rewards: Rewards, generate_fn,
                       continue_with: str = "best", train_greedy: bool = False,
-                      turn_reward: str = "immediate") -> RolloutResult:
+                      turn_reward: str = "immediate", guide=None) -> RolloutResult:
     if turn_reward not in TURN_REWARDS:
         raise ValueError(f"turn_reward must be one of {', '.join(TURN_REWARDS)}, got {turn_reward!r}")
     if continue_with not in CONTINUE_WITH:
@@ -170,6 +171,10 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
                 items.append(score(state, prompt, greedy_reply)[0])
                 if returns:
                     branch(game, prompt, greedy_reply)
+            if guide is not None and (guided := guide(state, prompt, game.texts, game.turn_errors)) is not None:
+                items.append(score(state, prompt, guided)[0])    # off-policy: scored and trained on, never played
+                if returns:
+                    branch(game, prompt, guided)
             group += 1
             if continue_with == "best":
                 chosen = scored[max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))][2]

@@ -72,10 +72,15 @@ def prompt_token_ids(tokenizer, cfg: RolloutConfig, state: GameState, texts: Seq
                      turn_errors: Sequence[tuple[str, str | None]] = ()) -> list[int]:
     """Token ids of the next prompt for this board (chat template, generation prompt added); `turn_errors` are
     the invalid replies (kind, guess) since the last played guess, oldest first."""
-    messages = build_messages(cfg.prompt, state.history(), texts, max_guesses=state.max_guesses,
-                              last_error=turn_errors[-1] if turn_errors else None, earlier_errors=turn_errors[:-1])
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(prompt_messages(cfg, state, texts, turn_errors), add_generation_prompt=True)
     return [int(t) for t in (ids if isinstance(ids, list) else ids.tolist())]
+
+
+def prompt_messages(cfg: RolloutConfig, state: GameState, texts: Sequence[TurnText] = (),
+                    turn_errors: Sequence[tuple[str, str | None]] = ()) -> list[dict]:
+    """The chat messages of the next prompt for this board (`prompt_token_ids` before the chat template)."""
+    return build_messages(cfg.prompt, state.history(), texts, max_guesses=state.max_guesses,
+                          last_error=turn_errors[-1] if turn_errors else None, earlier_errors=turn_errors[:-1])
 
 
 def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: SamplingConfig,

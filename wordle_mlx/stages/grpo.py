@@ -183,6 +183,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
 
     from ..llm import grpo_step, step_metrics
     from ..llm.generation import BatchedGenerator
+    from ..llm.guide import GuideReplies
     from ..llm.grpo_loss import LossSettings, snapshot_trainable
     from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
@@ -236,8 +237,10 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         cfg.grpo.averaging, cfg.grpo.advantage, cfg.grpo.expected_sharpness, cfg.grpo.unplayable_advantage,
         t.max_grad_norm, t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch,
         reference_weights=start_weights, positive_only=cfg.grpo.positive_only)
+    guide = (GuideReplies(model, tokenizer, rollout_config(cfg, rl.temperature, t.seed), rl.guide_max_candidates)
+             if rl.guide == "choice" else None)
     rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy,
-                       turn_reward=rl.turn_reward)
+                       turn_reward=rl.turn_reward, guide=guide)
                if rl.mode == "turn" else grpo_step.rollout_episode_mode)
 
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
@@ -292,6 +295,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 mx.reset_peak_memory()
                 lr = float(schedule(optimizer.step))
                 before_step = prompts.state()
+                guided_before = guide.guided if guide else 0
                 specs = world.shard(prompts.draw(t.batch_prompts))   # prompts rank, rank + size, ... of the batch
                 mx.random.seed(rank_seed(step_seed(t.seed, step)))
                 rcfg = rollout_config(cfg, rl.temperature, rank_seed(step_seed(t.seed, step)))
@@ -328,7 +332,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 parts = world.gather_json({      # every rank's games, so the metrics cover the whole batch
                     "rewards": [it.reward for it in items], "values": [it.values for it in items],
                     "counts": step_metrics.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
-                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9]})
+                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9],
+                    "guided": (guide.guided if guide else 0) - guided_before})
                 totals = np.array([r for p in parts for r in p["rewards"]])
                 slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
@@ -338,7 +343,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         **step_metrics.rates_from_counts([p["counts"] for p in parts]),
                         "groups": upd.groups, "skipped_groups": upd.skipped_groups,
                         "unplayable_groups": upd.unplayable_groups,
-                        "resampled_groups": resampled, "nonfinite_skips": st["nonfinite_total"],
+                        "resampled_groups": resampled, "guided_replies": sum(p["guided"] for p in parts), "nonfinite_skips": st["nonfinite_total"],
                         "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],
                         "update_seconds": slowest[1], "peak_memory_gb": slowest[2],

@@ -91,6 +91,11 @@ class RLSection(StrictModel):
         "uses up a guess and counts as one in early (the game's own rules let a rejected reply cost nothing). "
         "With turn_continue 'best', the reply the main game goes on with is still picked by the immediate reward "
         "(the returns are known only after the last turn)."))
+    guide: Literal["none", "choice"] = Field("none", description=(
+        "Turn mode: 'choice' adds one off-policy reply to the group of every board where at most "
+        "guide_max_candidates answers fit: the fitting answer the model scores highest, as `wordle-mlx choice` "
+        "labels a board (LUFFY-style guidance); it is scored and trained on like a sample, never played."))
+    guide_max_candidates: int = Field(32, ge=1, description="Guided boards have at most this many fitting answers.")
     completion_batch_size: int = Field(64, ge=1)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
 
@@ -99,6 +104,8 @@ class RLSection(StrictModel):
         if self.train_greedy and (self.mode, self.turn_continue) != ("turn", "greedy"):
             raise ValueError(f"train_greedy needs mode 'turn' and turn_continue 'greedy', got mode {self.mode!r} "
                              f"and turn_continue {self.turn_continue!r}")
+        if self.guide != "none" and self.mode != "turn":
+            raise ValueError(f"guide {self.guide!r} needs mode 'turn', got mode {self.mode!r}")
         if self.turn_reward != "immediate" and self.mode != "turn":
             raise ValueError(f"turn_reward {self.turn_reward!r} needs mode 'turn', got mode {self.mode!r}")
         return self

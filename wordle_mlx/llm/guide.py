@@ -35,7 +35,8 @@ class GuideReplies:
                  chunk: int = 32):
         if max_candidates < 1:
             raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
-        self.model, self.tokenizer, self.cfg, self.max_candidates, self.chunk = model, tokenizer, cfg, max_candidates, chunk
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.max_candidates, self.chunk = max_candidates, chunk
         self.words = list(words) if words is not None else answers()
         self.end_ids = end_token_ids(tokenizer)
         self.temperature = policy_logprob_temperature(cfg)

@@ -325,6 +325,22 @@ class SFTTest(unittest.TestCase):
         with self.assertRaisesRegex(UserError, "no config.json"):
             sft.run(self.config("r"), resume=str(self.root / "nothing"))
 
+    def test_data_without_stats_json_must_use_the_default_prompt(self):
+        from wordle_mlx.llm.prompts import PromptConfig, system_prompt
+        records = data.read_sft_jsonl(self.root / "data" / "train.jsonl")
+        compact = system_prompt(PromptConfig(style="compact", require_think=False, guess_format="letters"))
+        for name, system in (("nostats_default", system_prompt(PromptConfig())), ("nostats_compact", compact)):
+            folder = self.root / name
+            folder.mkdir()
+            rows = [{**r, "messages": [{"role": "system", "content": system}] +
+                     [m for m in r["messages"] if m["role"] != "system"]} for r in records]
+            (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (folder / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+        self.assertEqual(sft.load_data(self.config("a", data=str(self.root / "nostats_default")))[3], PromptConfig())
+        with self.assertRaisesRegex(UserError, r"nostats_compact/stats\.json: missing, and .*train\.jsonl record 1 "
+                                    r"has the system prompt 'Wordle: find"):
+            sft.load_data(self.config("b", data=str(self.root / "nostats_compact")))
+
     def test_broken_adapter_prompt_is_a_one_line_error(self):
         from wordle_mlx.llm.prompts import ADAPTER_PROMPT_KEY, adapter_prompt
         folder = self.root / "bad_prompt"

@@ -32,7 +32,7 @@ from ..config import StrictModel, config_hash, read_json_file, resolve_path
 from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
 from ..llm import lora
-from ..llm.prompts import FORMAT_ERRORS, NOT_A_WORD, PromptConfig
+from ..llm.prompts import FORMAT_ERRORS, NOT_A_WORD, PromptConfig, system_prompt
 from ..llm.sft_loss import SFTBatch, loss_sum, make_batch
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
@@ -293,7 +293,17 @@ def load_data(cfg: SFTConfig):
     train = read_sft_jsonl(folder / "train.jsonl")
     valid = read_sft_jsonl(folder / "valid.jsonl") if cfg.valid_every else []
     stats = folder / "stats.json"
-    prompt = PromptConfig(**read_json_file(stats)["prompt"]) if stats.is_file() else PromptConfig()
+    if stats.is_file():
+        return folder, train, valid, PromptConfig(**read_json_file(stats)["prompt"])
+    # No stats.json: the adapter will record the default prompt, so data made with another one would be played
+    # with the wrong prompt afterwards (every reply a format error). Say so instead of training on.
+    prompt, expected = PromptConfig(), system_prompt(PromptConfig())
+    for lineno, record in enumerate(train, 1):
+        system = next((m["content"] for m in record["messages"] if m["role"] == "system"), None)
+        if system is not None and system != expected:
+            raise UserError(f"{stats}: missing, and {folder / 'train.jsonl'} record {lineno} has the system prompt "
+                            f"{system[:70]!r}, not the default prompt's; copy stats.json (its 'prompt' is saved with "
+                            f"the adapter) from the folder this data was made from")
     return folder, train, valid, prompt
 
 

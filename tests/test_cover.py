@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -23,10 +22,10 @@ from wordle_mlx.llm.prompts import PromptConfig, build_messages, format_reply
 from wordle_mlx.stages import cover, data
 from wordle_mlx.stages.entropy import load_table
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "loss_analysis.py"
-_spec = importlib.util.spec_from_file_location("loss_analysis", SCRIPT)
-loss_analysis = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(loss_analysis)
+from . import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "loss_analysis.py"
+loss_analysis = load_script("loss_analysis")
 
 PROMPT = PromptConfig(require_think=False, context="summary", style="compact", guess_format="letters")
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import unittest
-from pathlib import Path
 
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gradient_noise.py"
-spec = importlib.util.spec_from_file_location("gradient_noise", SCRIPT)
-gradient_noise = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gradient_noise)
+from . import load_script
+
+gradient_noise = load_script("gradient_noise")
 
 
 class NoiseScaleTest(unittest.TestCase):

@@ -1,17 +1,16 @@
-"""scripts/heldout_secrets.py: held-out words leave SFT data both as secrets and as labels, nothing else does."""
+"""scripts/heldout_secrets.py and heldout_wins.py: held-out words leave SFT data, and their wins split by block."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tempfile
 import unittest
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "heldout_secrets.py"
-spec = importlib.util.spec_from_file_location("heldout_secrets", SCRIPT)
-heldout_secrets = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(heldout_secrets)
+from . import load_script
+
+heldout_secrets = load_script("heldout_secrets")
+heldout_wins = load_script("heldout_wins")
 
 
 def example(secret: str, label: str) -> dict:
@@ -43,3 +42,13 @@ class HeldoutSecretsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class HeldoutWinsTest(unittest.TestCase):
+    def test_counts_gains_and_losses_per_group(self):
+        start = {"a": False, "b": True, "c": False, "d": True}
+        after = {"a": True, "b": True, "c": True, "d": False}
+        out = heldout_wins.rows(start, after, [("played", ["a", "b", "c"]), ("other", ["d"])])
+        self.assertEqual([(r["start"], r["after"], r["gained"], r["lost"]) for r in out], [(1, 3, 2, 0), (1, 0, 0, 1)])
+        self.assertAlmostEqual(out[0]["p"], 0.5)
+        self.assertEqual(out[1]["p"], 1.0)

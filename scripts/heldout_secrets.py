@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import sys
 from pathlib import Path
 
@@ -26,21 +25,22 @@ from wordle_mlx.fileio import write_text_atomic  # noqa: E402
 from wordle_mlx.game.seeding import HistoryPolicy, seed_history  # noqa: E402
 from wordle_mlx.game.solver import Solver  # noqa: E402
 from wordle_mlx.game.splits import split_words  # noqa: E402
+from wordle_mlx.llm.prompts import parse_reply  # noqa: E402
 from wordle_mlx.stages.entropy import load_table  # noqa: E402
 
 
 def reply_word(record: dict) -> str:
-    """The guess an SFT example teaches: the letters inside <guess>…</guess> of its last message."""
+    """The guess an SFT example teaches: the word (or letters) inside <guess>…</guess> of its last message."""
     text = record["messages"][-1]["content"]
-    found = re.search(r"<guess>(.*?)</guess>", text, re.S)
-    if not found:
+    guess = parse_reply(text, require_think=False).guess
+    if guess is None:
         raise ValueError(f"no <guess> in reply {text!r}")
-    return "".join(ch for ch in found.group(1).lower() if "a" <= ch <= "z")
+    return guess
 
 
 def filter_split(src: Path, dst: Path, held: set[str]) -> dict:
     kept, by_secret, by_label = [], 0, 0
-    for lineno, line in enumerate(src.read_text().splitlines(), 1):
+    for line in src.read_text().splitlines():     # raw lines, so kept examples stay byte for byte
         if not line.strip():
             continue
         rec = json.loads(line)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wordle_mlx.plots.stats import mcnemar_exact_p  # noqa: E402
+from wordle_mlx.plots.stats import mcnemar_exact_p, paired_counts  # noqa: E402
 
 
 def outcomes(path: Path) -> dict[str, bool]:
@@ -32,11 +32,10 @@ def outcomes(path: Path) -> dict[str, bool]:
 def rows(start: dict[str, bool], after: dict[str, bool], groups: list[tuple[str, list[str]]]) -> list[dict]:
     out = []
     for name, words in groups:
-        gained = sum(1 for w in words if after[w] and not start[w])
-        lost = sum(1 for w in words if start[w] and not after[w])
-        out.append({"words": name, "games": len(words), "start": sum(start[w] for w in words),
-                    "after": sum(after[w] for w in words), "gained": gained, "lost": lost,
-                    "p": mcnemar_exact_p(gained, lost)})
+        pair = paired_counts(words, [start[w] for w in words], words, [after[w] for w in words])
+        out.append({"words": name, "games": len(words), "start": pair["both"] + pair["only_a"],
+                    "after": pair["both"] + pair["only_b"], "gained": pair["only_b"], "lost": pair["only_a"],
+                    "p": mcnemar_exact_p(pair["only_b"], pair["only_a"])})
     return out
 
 

@@ -40,10 +40,6 @@ class HeldoutSecretsTest(unittest.TestCase):
                          [("slate", "slate"), ("pious", "pious")])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class HeldoutWinsTest(unittest.TestCase):
     def test_counts_gains_and_losses_per_group(self):
         start = {"a": False, "b": True, "c": False, "d": True}
@@ -52,3 +48,7 @@ class HeldoutWinsTest(unittest.TestCase):
         self.assertEqual([(r["start"], r["after"], r["gained"], r["lost"]) for r in out], [(1, 3, 2, 0), (1, 0, 0, 1)])
         self.assertAlmostEqual(out[0]["p"], 0.5)
         self.assertEqual(out[1]["p"], 1.0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -297,7 +297,8 @@ def load_data(cfg: SFTConfig):
         return folder, train, valid, PromptConfig(**read_json_file(stats)["prompt"])
     # No stats.json: the adapter will record the default prompt, so data made with another one would be played
     # with the wrong prompt afterwards (every reply a format error). Say so instead of training on.
-    prompt, expected = PromptConfig(), system_prompt(PromptConfig())
+    prompt = PromptConfig()
+    expected = system_prompt(prompt)
     for lineno, record in enumerate(train, 1):
         system = next((m["content"] for m in record["messages"] if m["role"] == "system"), None)
         if system is not None and system != expected:

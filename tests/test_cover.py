@@ -22,10 +22,7 @@ from wordle_mlx.llm.prompts import PromptConfig, build_messages, format_reply
 from wordle_mlx.stages import cover, data
 from wordle_mlx.stages.entropy import load_table
 
-from . import SCRIPTS, load_script
 
-SCRIPT = SCRIPTS / "loss_analysis.py"
-loss_analysis = load_script("loss_analysis")
 
 PROMPT = PromptConfig(require_think=False, context="summary", style="compact", guess_format="letters")
 
@@ -233,26 +230,6 @@ class CoverRunTest(unittest.TestCase):
             self.assertIn(str(path), proc.stderr)
             with self.assertRaises(UserError):
                 load_config(path, cover.CoverConfig)
-
-
-class LossAnalysisTest(unittest.TestCase):
-    def test_losses_are_counted_by_ending_and_answers_left(self):
-        solver = Solver(load_table(show_progress=False))
-        six = ["slate", "brine", "drape", "grace", "trace", "wrack"]
-        self.assertEqual(len(fitting(solver, "crane", ["slate"])), 28)
-        self.assertEqual(fitting(solver, "crane", six), ["crane"])
-        games = [{"secret": "crane", "won": True, "guesses": ["slate", "crane"]},
-                 {"secret": "crane", "won": False, "guesses": ["slate"]},        # three invalid replies ended it
-                 {"secret": "cigar", "won": False, "guesses": []},               # at the first turn
-                 {"secret": "crane", "won": False, "guesses": six}]              # six valid guesses
-        out = loss_analysis.analyse(games, labels={"cigar"})
-        self.assertEqual((out["games"], out["wins"]), (4, 1))
-        self.assertEqual(out["losses"]["invalid_replies"], {"1": 0, "2-3": 0, "4-10": 0, ">10": 2})
-        self.assertEqual(out["losses"]["six_guesses"], {"1": 1, "2-3": 0, "4-10": 0, ">10": 0})
-        self.assertEqual(out["secret_was_a_label"], {"games": 1, "wins": 0})
-        self.assertEqual(out["secret_never_a_label"], {"games": 3, "wins": 1})
-        with self.assertRaisesRegex(ValueError, "does not fit its own clues"):
-            loss_analysis.analyse([{"secret": "crane", "won": False, "guesses": ["crane"]}], words=["slate"])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ Each timed step is a full LoRA gradient computation (value_and_grad + eval) on t
 interleaved so machine noise hits them alike. Tokens/s counts every real token in the batch (prompt
 included, the shared prefix once per example), as mlx-lm reports it. Last two lines: `prefix speedup X.XX`
 (shared against unshared ours) and `speedup X.XX` (ours unshared against mlx-lm).
-Usage: python benchmarks/sft_throughput.py [--model builtin:gemma-3-270m] [--data data/sft] [--steps 6]
+Without `--data`, it first writes a small SFT data folder in the recipe's format (compact prompt, letters
+reply) to a temporary folder with the `data` stage, so it runs on a fresh clone with no other command first.
+Usage: python benchmarks/sft_throughput.py [--model builtin:gemma-3-270m] [--data DIR] [--steps 6]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +27,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+
+
+def make_small_data(folder: str, examples: int) -> str:
+    """A small SFT data folder in the recipe's reply format, written by the `data` stage."""
+    from wordle_mlx.stages import data
+
+    prompt = {"require_think": False, "context": "summary", "style": "compact", "guess_format": "letters"}
+    cfg = data.DataConfig(out=folder, train_examples=examples, valid_examples=1, think_style="none",
+                          turns_per_game=6, prompt=prompt, progress=False)
+    data.run(cfg)
+    print(f"data: {examples} examples written to {folder}")
+    return folder
 
 
 def main() -> None:
@@ -40,12 +55,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="builtin:gemma-3-270m")
-    parser.add_argument("--data", default=str(ROOT / "data" / "sft"))
+    parser.add_argument("--data", default=None, help="An SFT data folder (train.jsonl); default: make one.")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--rank", type=int, default=8)
     args = parser.parse_args()
 
+    if args.data is None:
+        args.data = make_small_data(tempfile.mkdtemp(prefix="sft-throughput-"), args.batch_size * (args.steps + 1))
     model, tokenizer = load_model(args.model)
     mx.random.seed(0)
     lora.apply_lora(model, -1, lora.lora_parameters(args.rank, 20.0, 0.0, None))

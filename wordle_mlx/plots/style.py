@@ -31,7 +31,7 @@ DPI = 100
 MARKER_LIMIT = 40      # series with at most this many points get markers
 SMOOTH_FROM = 150      # noisy series longer than this get a moving average over a faint raw line
 MAX_POINTS = 1500      # longer series are bucket-averaged down to this many points
-FOOTNOTE_WIDTH = 175   # characters per footnote line (two lines at most)
+FOOTNOTE_SIZE = 6.5    # points; the footnote has two lines at most, wrapped to the figure's width
 RAW_POINTS = 400       # ... and the faint raw line under a moving average to this many (keeps PNGs small)
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
           "tab:gray", "tab:olive", "tab:cyan")
@@ -125,8 +125,9 @@ def no_data(ax, title: str) -> None:
 def finish(fig: Figure, title: str | None, footnote: str) -> Figure:
     if title:
         fig.suptitle(title, fontsize=11)
-    lines = textwrap.wrap(footnote, width=FOOTNOTE_WIDTH, max_lines=2, placeholder=" ...") or [""]
-    fig.text(0.01, 0.012, "\n".join(lines), fontsize=6.5, color="0.35", ha="left", va="bottom")
+    width = int(0.97 * fig.get_figwidth() * 72 / (0.62 * FOOTNOTE_SIZE))   # characters: ~0.62 em each in DejaVu Sans
+    lines = textwrap.wrap(footnote, width=width, max_lines=2, placeholder=" ...") or [""]
+    fig.text(0.01, 0.012, "\n".join(lines), fontsize=FOOTNOTE_SIZE, color="0.35", ha="left", va="bottom")
     fig.tight_layout(rect=(0.0, 0.01 + 0.025 * len(lines), 1.0, 1.0))
     return fig
 

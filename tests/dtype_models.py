@@ -1,6 +1,6 @@
 """The tiny random model in the Mac dtypes, for the bf16 and 4-bit tests: a bfloat16 copy and a 4-bit copy
 made by mlx-lm's own converter (`mlx_lm.convert`, as `mlx-community/*-4bit` repos are made), each built once
-per process in a temporary folder."""
+per process in a temporary folder; and GRPO items sampled from a model by the real generator."""
 
 from __future__ import annotations
 
@@ -30,3 +30,23 @@ def tiny_model_in(kind: str) -> str:
             raise ValueError(f"unknown kind {kind!r}")
         _built[kind] = out
     return str(_built[kind])
+
+
+def sampled_items(model, tokenizer, groups: int = 2, g: int = 4) -> list:
+    """G replies sampled (temperature 1, the real generator) to each of `groups` prompts, as GRPO items with
+    the sampler's log-probs; rewards 0, 1, ..., G - 1 within a group, so every group trains."""
+    from wordle_mlx.llm.episode import TokenSequence
+    from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
+    from wordle_mlx.llm.grpo_step import ScoredItem
+
+    items = []
+    generate = BatchedGenerator(model, tokenizer)
+    for group in range(groups):
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"guess {group}"}],
+                                               add_generation_prompt=True)
+        for i, c in enumerate(generate([prompt] * g, SamplingConfig(temperature=1.0, max_tokens_per_turn=6,
+                                                                    seed=group))):
+            seq = TokenSequence(list(prompt) + c.tokens, [0] * len(prompt) + [1] * len(c.tokens),
+                                [0.0] * len(prompt) + c.logprobs)
+            items.append(ScoredItem([seq], group, float(i), {}))
+    return items

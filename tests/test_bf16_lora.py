@@ -9,7 +9,6 @@ loading and after 3 steps at that learning rate, and that every single LoRA weig
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -18,18 +17,14 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wordle_mlx.config import validate_config
+from wordle_mlx.llm import lora
+from wordle_mlx.llm.grpo_loss import LossSettings
+from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update
+from wordle_mlx.llm.models import load_model
+from wordle_mlx.stages import data, grpo, sft
 
-from dtype_models import tiny_model_in  # noqa: E402
-
-from wordle_mlx.config import validate_config  # noqa: E402
-from wordle_mlx.llm import lora  # noqa: E402
-from wordle_mlx.llm.episode import TokenSequence  # noqa: E402
-from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig  # noqa: E402
-from wordle_mlx.llm.grpo_loss import LossSettings  # noqa: E402
-from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update  # noqa: E402
-from wordle_mlx.llm.models import load_model  # noqa: E402
-from wordle_mlx.stages import data, grpo, sft  # noqa: E402
+from tests.dtype_models import sampled_items, tiny_model_in
 
 TINY = "builtin:tiny-random"
 LEARNING_RATE = 5e-6
@@ -54,21 +49,6 @@ def non_float32(tree) -> list[str]:
 def changed_fraction(before: dict, after: dict) -> float:
     moved = sum(int(np.sum(np.array(after[k]) != np.array(before[k].astype(mx.float32)))) for k in before)
     return moved / sum(v.size for v in before.values())
-
-
-def sampled_items(model, tokenizer, groups: int = 2, g: int = 4) -> list[ScoredItem]:
-    """G sampled replies to each of `groups` prompts, rewards spread so that every group trains."""
-    items = []
-    generate = BatchedGenerator(model, tokenizer)
-    for group in range(groups):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"guess {group}"}],
-                                               add_generation_prompt=True)
-        for i, c in enumerate(generate([prompt] * g, SamplingConfig(temperature=1.0, max_tokens_per_turn=6,
-                                                                    seed=group))):
-            seq = TokenSequence(list(prompt) + c.tokens, [0] * len(prompt) + [1] * len(c.tokens),
-                                [0.0] * len(prompt) + c.logprobs)
-            items.append(ScoredItem([seq], group, float(i), {}))
-    return items
 
 
 class GRPOLoraDtypeTest(unittest.TestCase):

@@ -2,10 +2,12 @@
 and its eval JSON, in one folder (written to a temp folder, then renamed into place).
 
     python3 scripts/ship_adapter.py --adapter logs/grpo-fit-270m/adapters --out adapters/gemma-3-270m-wordle \
-        --data-config config/data.json --data-config config/data_focus.json --data-config config/data_fit.json \
-        --sft-config config/sft_cpu_270m.json --sft-config config/sft_focus_cpu_270m.json \
-        --sft-config config/sft_fit_cpu_270m.json --grpo-config config/grpo_fit_cpu_270m.json \
-        --eval logs/recipe-270m/eval_grpo_greedy.json
+        --data-config config/recipe-270m/data.json --sft-config config/recipe-270m/sft.json \
+        --sft-config "config/recipe-270m/sft-choice-more.json --seed 1 --run-name sft-choice2-270m" \
+        --grpo-config config/recipe-270m/grpo-fit.json --eval logs/recipe-270m/eval_grpo_greedy.json
+
+An `--sft-config` may carry the `wordle-mlx sft` flags the recipe passed with it (--seed, --run-name,
+--start-adapter, --steps, --save-every): the recipe folder then records the config with them applied.
 
 `data_seed.json` holds the data configs (their seeds regenerate the data exactly) and the secrets of every
 training and validation record of each, so a test can check that no test word was ever a secret.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -51,6 +55,27 @@ MAX_BYTES = 20 * 1024 * 1024
 ROOT = Path(__file__).resolve().parents[1]
 
 
+SFT_FLAGS = {"--seed": ("seed", int), "--run-name": ("run_name", str), "--start-adapter": ("init_adapter", Path),
+             "--steps": ("steps", int), "--save-every": ("save_every", int)}
+
+
+def sft_config_with_flags(spec: str) -> tuple[Path, dict]:
+    """(config path, its JSON with the `wordle-mlx sft` flags after the path applied): 'FILE [--flag VALUE]...'.
+    A --start-adapter path, relative to the working folder as on the command line, is recorded relative to the
+    config's folder as config paths are."""
+    path, *flags = shlex.split(spec)
+    path = Path(path)
+    cfg = json.loads(path.read_text())
+    if len(flags) % 2:
+        sys.exit(f"error: --sft-config {spec!r}: expected FILE followed by flag/value pairs")
+    for flag, value in zip(flags[::2], flags[1::2]):
+        if flag not in SFT_FLAGS:
+            sys.exit(f"error: --sft-config {spec!r}: unknown flag {flag} (known: {', '.join(SFT_FLAGS)})")
+        key, kind = SFT_FLAGS[flag]
+        cfg[key] = os.path.relpath(Path(value).resolve(), path.parent.resolve()) if kind is Path else kind(value)
+    return path, cfg
+
+
 def data_secrets(data_dir: Path) -> dict[str, list[str]]:
     out = {}
     for split in ("train", "valid"):
@@ -77,7 +102,8 @@ def main() -> None:
     ap.add_argument("--adapter", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data-config", type=Path, action="append", required=True, help="Repeatable, in order.")
-    ap.add_argument("--sft-config", type=Path, action="append", required=True, help="Repeatable, in order.")
+    ap.add_argument("--sft-config", action="append", required=True,
+                    help="Repeatable, in order: 'FILE [--seed N --run-name NAME ...]' (flags as given to sft).")
     ap.add_argument("--grpo-config", type=Path, action="append", default=[],
                     help="GRPO stages' configs (repeatable, in order); the last one trained --adapter.")
     ap.add_argument("--dagger-config", type=Path, action="append", default=[],
@@ -94,6 +120,7 @@ def main() -> None:
     if size > MAX_BYTES:
         sys.exit(f"error: {args.adapter}/adapters.safetensors: {size} bytes, over the 20 MB limit")
     data_cfgs = [json.loads(path.read_text()) for path in args.data_config]
+    sft_cfgs = [sft_config_with_flags(spec)[1] for spec in args.sft_config]
     secrets: dict[str, set[str]] = {"train": set(), "valid": set()}
     dagger_cfgs = [json.loads(path.read_text()) for path in args.dagger_config]
     choice_cfgs = [json.loads(path.read_text()) for path in args.choice_config]
@@ -120,8 +147,9 @@ def main() -> None:
         recipe.mkdir()
         for i, path in enumerate(args.data_config, start=1):
             shutil.copy2(path, recipe / (f"data_{i}.json" if len(args.data_config) > 1 else "data.json"))
-        for i, path in enumerate(args.sft_config, start=1):
-            shutil.copy2(path, recipe / (f"sft_{i}.json" if len(args.sft_config) > 1 else "sft.json"))
+        for i, cfg in enumerate(sft_cfgs, start=1):
+            target = recipe / (f"sft_{i}.json" if len(args.sft_config) > 1 else "sft.json")
+            target.write_text(json.dumps(cfg, indent=2) + "\n")
         for i, path in enumerate(args.grpo_config, start=1):
             shutil.copy2(path, recipe / (f"grpo_{i}.json" if len(args.grpo_config) > 1 else "grpo.json"))
         for kind, paths in (("dagger", args.dagger_config), ("choice", args.choice_config)):

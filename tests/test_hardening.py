@@ -299,7 +299,7 @@ class RewardHacking(unittest.TestCase):
         return total / n
 
     def test_adversaries_score_below_a_consistent_policy_under_every_shipped_config(self):
-        configs = sorted((ROOT / "config").glob("grpo_*.json")) + [ROOT / "config" / "demo_grpo.json"]
+        configs = sorted((ROOT / "config").rglob("grpo*.json"))
         self.assertGreaterEqual(len(configs), 2)
         self.table = []
         for path in configs:

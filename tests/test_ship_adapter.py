@@ -69,6 +69,21 @@ class ShipAdapterTest(unittest.TestCase):
         self.assertTrue((self.out / "eval_grpo_greedy.json").is_file())
         self.assertEqual([p.name for p in self.root.iterdir() if p.name.startswith(".shipped")], [])
 
+    def test_sft_config_flags_are_recorded_applied(self):
+        """A pass run as `sft --config FILE --seed 2 ...` is recorded as FILE with the flags applied; a start
+        adapter given relative to the working folder is recorded relative to the config's folder."""
+        (self.root / "cfg").mkdir()
+        more = write_json(self.root / "cfg" / "more.json", {"steps": 120, "seed": 0, "run_name": "a"})
+        start = self.root / "logs" / "prev" / "adapters"
+        proc = self.ship("--sft-config", f"{more} --seed 2 --run-name b --start-adapter {start} --steps 240")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        recorded = json.loads((self.out / "recipe" / "sft_2.json").read_text())
+        self.assertEqual(recorded, {"steps": 240, "seed": 2, "run_name": "b", "init_adapter": "../logs/prev/adapters"})
+        proc = self.ship("--sft-config", f"{more} --lr 2")
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("unknown flag --lr", proc.stderr)
+        self.assertEqual(json.loads((self.out / "recipe" / "sft_2.json").read_text()), recorded)   # left as it was
+
     def test_one_grpo_config_keeps_its_plain_name(self):
         proc = self.ship("--grpo-config", str(self.grpo_cfgs[0]))
         self.assertEqual(proc.returncode, 0, proc.stderr)

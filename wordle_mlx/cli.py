@@ -247,12 +247,17 @@ def sft(config: ConfigOpt = None,
         run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,
         overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run folder.")] = False,
         steps: Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides steps).")] = None,
+        seed: Annotated[Optional[int], typer.Option("--seed", help="Shuffle and dropout seed (overrides seed).")] = None,
+        start_adapter: Annotated[Optional[Path], typer.Option("--start-adapter", help="Start from this adapter folder's LoRA weights (overrides init_adapter).")] = None,
+        save_every: Annotated[Optional[int], typer.Option("--save-every", help="Checkpoint every N steps (overrides save_every).")] = None,
         no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
     """LoRA supervised fine-tuning on `wordle-mlx data` output; resumable run folder in logs/."""
     from .stages import sft as stage
     source = config if config is not None or resume is None else resume / "config.json"
-    cfg = load_config(source, stage.SFTConfig, {"run_name": run_name, "steps": steps,
-                                                "progress": False if no_progress else None})
+    cfg = load_config(source, stage.SFTConfig, {
+        "run_name": run_name, "steps": steps, "seed": seed, "save_every": save_every,
+        "init_adapter": str(start_adapter.resolve()) if start_adapter else None,
+        "progress": False if no_progress else None})
     result = stage.run(cfg, resume=str(resume) if resume else None, overwrite=overwrite)
     emit(result, json_output)
     exit_if_stopped(result)

@@ -29,6 +29,7 @@ from wordle_mlx.llm.lora import apply_lora, lora_parameters
 from wordle_mlx.llm.models import load_model
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import grpo as stage
+from . import assert_f32_close
 
 
 def tiny_policy(seed: int = 0):
@@ -353,9 +354,11 @@ class LossOnTinyModel(unittest.TestCase):
             results.append(policy_update(self.model, optim.SGD(learning_rate=0.1), items, settings))
             params.append({k: np.array(v) for k, v in tree_flatten(self.model.trainable_parameters())})
         plain, shared_result = results
-        self.assertAlmostEqual(plain.loss, shared_result.loss, places=5)
-        self.assertAlmostEqual(plain.grad_norm, shared_result.grad_norm, places=4)
-        self.assertAlmostEqual(plain.kl, shared_result.kl, places=6)
+        # another packing sums in another order: equal up to float32 rounding (the loss, a sum of terms of size
+        # about 1 from normalised advantages, can cancel to near 0)
+        assert_f32_close(self, plain.loss, shared_result.loss, scale=1.0, msg="loss")
+        assert_f32_close(self, plain.grad_norm, shared_result.grad_norm, rtol=1e-4, msg="grad_norm")
+        assert_f32_close(self, plain.kl, shared_result.kl, msg="kl")
         self.assertEqual(plain.trained_tokens, shared_result.trained_tokens)
         for k in params[0]:
             np.testing.assert_allclose(params[0][k], params[1][k], atol=1e-5, err_msg=k)
@@ -511,7 +514,7 @@ class Stage(unittest.TestCase):
         for key in ("games", "reward_mean", "rewards", "tokens_generated", "lr"):
             self.assertEqual(got[1][key], expected[key], key)
         for key in ("loss", "grad_norm"):
-            self.assertAlmostEqual(got[1][key], expected[key], places=6, msg=key)
+            assert_f32_close(self, got[1][key], expected[key], msg=key)
         runs = [r for _, r in read_jsonl(logs / "run" / "metrics.jsonl") if r["kind"] == "run"]
         self.assertEqual([r["resumed_from_step"] for r in runs], [None, 1])
 
@@ -633,7 +636,7 @@ class Stage(unittest.TestCase):
         self.assertGreater(rec["grad_norm"], 0.0)
         after = mx.load(str(run_dir / "adapters" / "adapters.safetensors"))
         moved = math.sqrt(sum(float(((after[k] - start[k]) ** 2).sum()) for k in start))
-        self.assertAlmostEqual(moved, 0.05 * min(rec["grad_norm"], 0.5), places=5)
+        assert_f32_close(self, moved, 0.05 * min(rec["grad_norm"], 0.5), rtol=1e-4)   # a norm of float32 differences
         state = mx.load(str(run_dir / "checkpoints" / "step_000001" / "optimizer.safetensors"))
         self.assertEqual({k.rsplit(".", 1)[1] for k in state if k != "step" and k != "learning_rate"}, {"v"})
         self.assertIsInstance(stage.make_optimizer(cfg)[0], optim.SGD)

@@ -77,8 +77,9 @@ def grpo_units(cfg, boards: int, seed: int):
     model, tokenizer, _ = load_policy(cfg)
     specs = PromptSource(cfg, Solver(load_table(show_progress=False)), allowed, seed).draw(boards)
     t0 = time.perf_counter()
-    out = grpo_step.rollout_turn_mode(model, tokenizer, specs, rl.num_generations, rollout_config(cfg, rl.temperature, seed),
-                                      allowed, Rewards(cfg.reward, answers(), max_guesses=rl.max_turns), None)
+    out = grpo_step.rollout_turn_mode(grpo_step.Player(model, tokenizer), specs, rollout_config(cfg, rl.temperature, seed),
+                                      allowed, Rewards(cfg.reward, answers(), max_guesses=rl.max_turns),
+                                      grpo_step.GroupSettings(rl.num_generations))
     items = out.items
     adv, skipped = group_advantages([it.reward for it in items], [it.group for it in items],
                                     scale=cfg.grpo.advantage == "normalized")

@@ -293,7 +293,8 @@ class RewardHacking(unittest.TestCase):
         total, n = 0.0, 0
         for i, spec in enumerate(self.specs):
             policy = ScriptedPolicy(self.tok, spec.secret, spec.seeded_guesses, choose, cfg.rl.max_completion_tokens, i)
-            out = rollout(None, self.tok, [spec], 2, rcfg, ALLOWED, rewards, policy)
+            out = rollout(grpo_step.Player(None, self.tok, policy), [spec], rcfg, ALLOWED, rewards,
+                          grpo_step.GroupSettings(2))
             total += sum(it.reward for it in out.items)
             n += len(out.items)
         return total / n

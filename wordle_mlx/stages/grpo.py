@@ -6,8 +6,7 @@ Each step draws B prompts (a train-split secret and a seeded board, generated on
 `game/rewards.py`, and makes one clipped-ratio policy-gradient update of the LoRA weights
 (`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch (so the
 ratio is 1 up to numerics and clipping rarely binds), zero-variance groups are dropped rather than
-trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off
-(`grpo.reference: "base"`) or with the LoRA weights the run started from (`"start"`, a copy of them).
+trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
 The model starts from the base weights or from an SFT adapter (`model.adapter`, whose LoRA layout it
 keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets
 `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`, `train`, `valid`), atomic checkpoints (adapters,
@@ -24,7 +23,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +41,6 @@ from ..stop_signals import StopSignals, agreed_stop
 from .entropy import load_table
 from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
 from ..llm.rollout import GameSpec, RolloutConfig
-from .grpo_anchor import SFTAnchor
 from .grpo_config import GRPOConfig, GRPOSection  # noqa: F401  (GRPOSection re-exported for callers)
 
 
@@ -183,8 +180,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
 
     from ..llm import grpo_step, step_metrics
     from ..llm.generation import BatchedGenerator
-    from ..llm.guide import GuideReplies
-    from ..llm.grpo_loss import LossSettings, snapshot_trainable
+    from ..llm.grpo_loss import LossSettings
     from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
 
@@ -227,21 +223,17 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     valid_words = split_words("valid")[:cfg.validation.games]
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed
     model, tokenizer, acfg = load_policy(cfg)
-    start_weights = snapshot_trainable(model) if cfg.grpo.reference == "start" else None   # before any resume
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
     generate = generate_fn or BatchedGenerator(model, tokenizer)
-    anchor = SFTAnchor(cfg, model, tokenizer, rl.prompt, world) if cfg.anchor.data and cfg.anchor.weight > 0 else None
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
-        cfg.grpo.averaging, cfg.grpo.advantage, cfg.grpo.expected_sharpness, cfg.grpo.unplayable_advantage,
-        t.max_grad_norm, t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch,
-        reference_weights=start_weights, positive_only=cfg.grpo.positive_only)
-    guide = (GuideReplies(model, tokenizer, rollout_config(cfg, rl.temperature, t.seed), rl.guide_max_candidates)
-             if rl.guide == "choice" else None)
-    rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy,
-                       turn_reward=rl.turn_reward, guide=guide)
-               if rl.mode == "turn" else grpo_step.rollout_episode_mode)
+        cfg.grpo.averaging, cfg.grpo.advantage, t.max_grad_norm, t.max_tokens_per_microbatch,
+        t.max_loss_tokens_per_microbatch)
+    player = grpo_step.Player(model, tokenizer, generate)
+    group = grpo_step.GroupSettings(rl.num_generations, rl.turn_continue if rl.mode == "turn" else "best",
+                                    rl.train_greedy)
+    rollout = grpo_step.rollout_turn_mode if rl.mode == "turn" else grpo_step.rollout_episode_mode
 
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
     step = 0
@@ -295,11 +287,10 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 mx.reset_peak_memory()
                 lr = float(schedule(optimizer.step))
                 before_step = prompts.state()
-                guided_before = guide.guided if guide else 0
                 specs = world.shard(prompts.draw(t.batch_prompts))   # prompts rank, rank + size, ... of the batch
                 mx.random.seed(rank_seed(step_seed(t.seed, step)))
                 rcfg = rollout_config(cfg, rl.temperature, rank_seed(step_seed(t.seed, step)))
-                out = rollout(model, tokenizer, specs, rl.num_generations, rcfg, allowed, rewards, generate)
+                out = rollout(player, specs, rcfg, allowed, rewards, group)
                 items, episodes, replies = list(out.items), list(out.episodes), list(out.replies)
                 tokens, rollout_s, resampled = out.tokens_generated, out.seconds, 0
                 for round_ in range(1, cfg.grpo.resample_zero_variance + 1):
@@ -314,7 +305,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     resampled += n_dead
                     if not fresh:
                         continue
-                    more = rollout(model, tokenizer, fresh, rl.num_generations, rcfg, allowed, rewards, generate)
+                    more = rollout(player, fresh, rcfg, allowed, rewards, group)
                     for it in more.items:
                         it.group += offset
                     items += list(more.items)
@@ -322,8 +313,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     replies += more.replies
                     tokens += more.tokens_generated
                     rollout_s += more.seconds
-                anchor_grads, anchor_loss = anchor.grads(step) if anchor else (None, None)
-                upd = grpo_step.policy_update(model, optimizer, items, settings, world, anchor_grads)
+                upd = grpo_step.policy_update(model, optimizer, items, settings, world)
                 if upd.finite:
                     st["nonfinite_in_row"] = 0
                 else:
@@ -332,18 +322,15 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 parts = world.gather_json({      # every rank's games, so the metrics cover the whole batch
                     "rewards": [it.reward for it in items], "values": [it.values for it in items],
                     "counts": step_metrics.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
-                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9],
-                    "guided": (guide.guided if guide else 0) - guided_before})
+                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9]})
                 totals = np.array([r for p in parts for r in p["rewards"]])
                 slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
-                        "kl": upd.kl, "grad_norm": upd.grad_norm, "anchor_loss": anchor_loss,
+                        "kl": upd.kl, "grad_norm": upd.grad_norm,
                         "reward_mean": float(totals.mean()), "reward_std": float(totals.std()),
                         "rewards": step_metrics.value_stats([v for p in parts for v in p["values"]]),
                         **step_metrics.rates_from_counts([p["counts"] for p in parts]),
-                        "groups": upd.groups, "skipped_groups": upd.skipped_groups,
-                        "unplayable_groups": upd.unplayable_groups,
-                        "resampled_groups": resampled, "guided_replies": sum(p["guided"] for p in parts),
+                        "groups": upd.groups, "skipped_groups": upd.skipped_groups, "resampled_groups": resampled,
                         "nonfinite_skips": st["nonfinite_total"],
                         "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],

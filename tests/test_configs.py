@@ -48,6 +48,20 @@ class ShippedConfigTest(unittest.TestCase):
                         self.assertTrue(resolve_path(cfg, getattr(cfg, field)).resolve().is_relative_to(ROOT),
                                         f"{field} = {getattr(cfg, field)}")
 
+    def test_the_shipped_adapters_recorded_recipe_validates(self):
+        """adapters/gemma-3-270m-wordle/recipe/ records the configs that trained it: each loads with the strict
+        loader, and each recorded SFT pass equals its recipe file with the flags the recipe script passes."""
+        recipe = ROOT / "adapters" / "gemma-3-270m-wordle" / "recipe"
+        kinds = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "choice": ChoiceConfig}
+        files = sorted(recipe.glob("*.json"))
+        self.assertEqual(len(files), 17)
+        for path in files:
+            with self.subTest(config=path.name):
+                load_config(path, kinds[path.stem.split("_")[0]])
+        more = load_config(recipe / "sft_7.json", SFTConfig)          # pass 4 of sft-choice-more.json
+        self.assertEqual((more.seed, more.run_name, more.steps, more.save_every), (3, "sft-choice4-270m", 240, 40))
+        self.assertEqual(more.start_adapter, "../../logs/sft-choice3-270m/adapters")   # as from config/recipe-270m
+
     def test_pipeline_paths_chain(self):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
         chains = [(RECIPE / "sft-fit", RECIPE / "grpo-fit", RECIPE / "data-fit"),
@@ -60,14 +74,14 @@ class ShippedConfigTest(unittest.TestCase):
                     data = load_config(data_name.with_suffix(".json"), DataConfig)
                     self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
                 grpo = load_config(grpo_name.with_suffix(".json"), GRPOConfig)
-                self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), adapters_of(sft))
+                self.assertEqual(resolve_path(grpo, grpo.model.start_adapter).resolve(), adapters_of(sft))
         # each later SFT stage starts from the adapter the one before it writes: SFT 1 -> focus -> fit, on the
         # data its own data config writes
         stages = [(load_config(RECIPE / f"{name}.json", SFTConfig), load_config(RECIPE / f"{data}.json", DataConfig))
                   for name, data in (("sft", "data"), ("sft-focus", "data-focus"), ("sft-fit", "data-fit"))]
         for (earlier, _), (later, data) in zip(stages, stages[1:]):
             with self.subTest(sft=later.run_name):
-                self.assertEqual(resolve_path(later, later.init_adapter).resolve(), adapters_of(earlier))
+                self.assertEqual(resolve_path(later, later.start_adapter).resolve(), adapters_of(earlier))
                 self.assertEqual(resolve_path(later, later.data).resolve(), resolve_path(data, data.out).resolve())
 
     def test_choice_round_chains(self):
@@ -82,7 +96,7 @@ class ShippedConfigTest(unittest.TestCase):
         for name in ("sft-choice", "sft-choice-more"):
             with self.subTest(sft=name):
                 sft = load_config(RECIPE / f"{name}.json", SFTConfig)
-                self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
+                self.assertEqual(resolve_path(sft, sft.start_adapter).resolve(), adapter)
                 self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(choice, choice.out).resolve())
                 adapter = adapters_of(sft)
         self.assertEqual(adapter.parent.name, "sft-choice2-270m")
@@ -91,7 +105,7 @@ class ShippedConfigTest(unittest.TestCase):
         self.assertIn("--run-name sft-choice$n-270m --start-adapter logs/$prev/adapters", script)
         self.assertIn("sft --config config/recipe-270m/sft-choice-more.json", script)
         last = load_config(RECIPE / "grpo-choice.json", GRPOConfig)
-        self.assertEqual(resolve_path(last, last.model.adapter).resolve(),
+        self.assertEqual(resolve_path(last, last.model.start_adapter).resolve(),
                          adapters_of(sft).parent.parent / "sft-choice5-270m" / "adapters")
 
     def test_coverage_round_chains(self):
@@ -103,12 +117,12 @@ class ShippedConfigTest(unittest.TestCase):
         choice = load_config(RECIPE / "self-play-2.json", ChoiceConfig)
         self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
         script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
-        match = re.search(r"\$W cover --data (\S+) --out (\S+)", script)
-        self.assertIsNotNone(match, "scripts/train_270m_cpu.sh: no `$W cover --data A --out B` line")
+        match = re.search(r"\$W data cover --data (\S+) --out (\S+)", script)
+        self.assertIsNotNone(match, "scripts/train_270m_cpu.sh: no `$W data cover --data A --out B` line")
         self.assertEqual((ROOT / match[1]).resolve(), resolve_path(choice, choice.out).resolve())
         sft = load_config(RECIPE / "sft-cover.json", SFTConfig)
         self.assertEqual(resolve_path(sft, sft.data).resolve(), (ROOT / match[2]).resolve())
-        self.assertEqual(resolve_path(sft, sft.init_adapter).resolve(), adapter)
+        self.assertEqual(resolve_path(sft, sft.start_adapter).resolve(), adapter)
 
 
 if __name__ == "__main__":

@@ -254,7 +254,7 @@ class RetryExamplesTest(unittest.TestCase):
 
 
 class RejectedWordTest(unittest.TestCase):
-    """`prompt.rejected_word`: how the retry message shows a non-word (session 26)."""
+    """`prompt.rejected_word`: how the retry message shows a non-word."""
 
     def test_letters_message_in_both_contexts(self):
         from wordle_mlx.llm.prompts import PromptConfig, TurnText, build_messages

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..errors import UserError
 from ..game.knowledge import is_consistent
@@ -45,10 +45,26 @@ class RolloutConfig(SamplingConfig):
     constrain: bool = Field(False, description="Letters format only: replies can spell only allowed words "
                             "(llm/word_constraint.py). An inference option, never for GRPO rollouts.")
 
+    @model_validator(mode="after")
+    def _reply_budget(self) -> "RolloutConfig":
+        if "max_tokens_per_turn" not in self.model_fields_set:     # not set: what the reply format needs
+            self.__dict__["max_tokens_per_turn"] = reply_token_budget(self.prompt)
+        return self
+
     def for_adapter(self, adapter) -> "RolloutConfig":
-        """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly."""
+        """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly, and the
+        reply length they need unless `max_tokens_per_turn` was set."""
         prompt = choose_prompt(self.prompt, "prompt" in self.model_fields_set, adapter)
-        return self.model_copy(update={"prompt": prompt})
+        update = {"prompt": prompt}
+        if "max_tokens_per_turn" not in self.model_fields_set:
+            update["max_tokens_per_turn"] = reply_token_budget(prompt)
+        return self.model_copy(update=update)
+
+
+def reply_token_budget(prompt: PromptConfig) -> int:
+    """Tokens a reply of this format needs: 16 without a think block (a letters reply is 11 tokens,
+    '<guess> c r a n e</guess>'), 256 with one."""
+    return 256 if prompt.require_think else 16
 
 
 @dataclass

@@ -78,7 +78,7 @@ class ShipAdapterTest(unittest.TestCase):
         proc = self.ship("--sft-config", f"{more} --seed 2 --run-name b --start-adapter {start} --steps 240")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         recorded = json.loads((self.out / "recipe" / "sft_2.json").read_text())
-        self.assertEqual(recorded, {"steps": 240, "seed": 2, "run_name": "b", "init_adapter": "../logs/prev/adapters"})
+        self.assertEqual(recorded, {"steps": 240, "seed": 2, "run_name": "b", "start_adapter": "../logs/prev/adapters"})
         proc = self.ship("--sft-config", f"{more} --lr 2")
         self.assertEqual(proc.returncode, 1)
         self.assertIn("unknown flag --lr", proc.stderr)

@@ -83,7 +83,7 @@ class GemmaConstraintTest(unittest.TestCase):
 
     def test_word_format_is_refused(self):
         model, tok = load_model("builtin:tiny-random")
-        cfg = RolloutConfig(constrain=True, max_tokens_per_turn=4, prompt=PromptConfig(require_think=False))
+        cfg = RolloutConfig(constrain=True, max_tokens_per_turn=4, prompt=PromptConfig(guess_format="word"))
         with self.assertRaisesRegex(UserError, "needs guess_format 'letters'"):
             play_games(model, tok, [GameSpec("crane")], cfg, WORDS)
 

@@ -78,7 +78,7 @@ def grpo_units(cfg, boards: int, seed: int):
     specs = PromptSource(cfg, Solver(load_table(show_progress=False)), allowed, seed).draw(boards)
     t0 = time.perf_counter()
     out = grpo_step.rollout_turn_mode(grpo_step.Player(model, tokenizer), specs, rollout_config(cfg, rl.temperature, seed),
-                                      allowed, Rewards(cfg.reward, answers(), max_guesses=rl.max_turns),
+                                      allowed, Rewards(cfg.reward, answers()),
                                       grpo_step.GroupSettings(rl.num_generations))
     items = out.items
     adv, skipped = group_advantages([it.reward for it in items], [it.group for it in items],
@@ -157,7 +157,7 @@ def sft_units(cfg, data: Path, examples: int, seed: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="a GRPO config (turn mode); its model.adapter is the policy")
+    ap.add_argument("--config", required=True, help="a GRPO config (turn mode); its model.start_adapter is the policy")
     ap.add_argument("--boards", type=int, default=8)
     ap.add_argument("--sft-data", type=Path, help="an SFT data folder (train.jsonl) to measure next to GRPO")
     ap.add_argument("--sft-examples", type=int, default=48)
@@ -173,7 +173,7 @@ def main() -> None:
     cfg = load_config(args.config, GRPOConfig)
     if cfg.rl.mode != "turn":
         raise SystemExit(f"{args.config}: rl.mode must be 'turn' (groups are G replies to one board)")
-    result = {"config": args.config, "adapter": cfg.model.adapter}
+    result = {"config": args.config, "adapter": cfg.model.start_adapter}
     vectors, info = grpo_units(cfg, args.boards, args.seed)
     result["grpo_group"] = {**info, **noise_scale(vectors["sequence"])}
     result["grpo_group_letter_credit"] = noise_scale(vectors["letters"])

@@ -107,7 +107,7 @@ done
 # GRPO at a learning rate that cannot break the policy (lr 5e-5 did, in 10 steps: docs/RESULTS.md).
 stage grpo-choice train_or_resume logs/grpo-choice5-270m $W train --config config/recipe-270m/grpo-choice.json
 # Part 3, the coverage round: a second self-play round from that adapter; every answer
-# that fits some tight board of it (at most 5 answers left) is added as a label there, 4 times (`cover`); one SFT
+# that fits some tight board of it (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT
 # pass on it that trains only the last 6 of 18 blocks (SFT-only: 73 / 200), then GRPO with plain SGD (65 / 200).
 stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress
 stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress

@@ -39,9 +39,9 @@ def child(args) -> None:
     world = init_world()
     cfg = validate_config({
         "model": {"name": "builtin:tiny-random"}, "lora": {"rank": 8},
-        "training": {"steps": args.steps, "batch_prompts": args.batch_prompts, "checkpoint_every": 0, "seed": 1},
-        "rl": {"num_generations": args.generations, "max_completion_tokens": 24, "prompt": {"require_think": False}},
-        "reward": {"length": 0.02, "early": 1.2}, "validation": {"every": 0},
+        "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": args.steps, "batch_prompts": args.batch_prompts, "save_every": 0, "seed": 1},
+        "rl": {"mode": "episode", "num_generations": args.generations, "max_completion_tokens": 24, "prompt": {"require_think": False}},
+        "reward": {"length": 0.02, "early": 1.2}, "game_eval": {"every": 0},
         "logs_dir": args.out, "run_name": f"ranks{world.size}", "progress": False}, grpo.GRPOConfig, "bench")
     grpo.run(cfg)
     allsum = {}

@@ -41,11 +41,11 @@ CONFIGS = {
                  "steps": SFT_STEPS, "batch_size": 2, "learning_rate": 1e-2, "warmup_steps": 1, "valid_every": 0,
                  "save_every": SFT_SAVE_EVERY, "keep_checkpoints": 2, "lora": {"rank": 4, "dropout": 0.1}},
     "grpo.json": {"model": {"name": "builtin:tiny-random"}, "lora": {"rank": 4, "scale": 10.0},
-                  "training": {"steps": GRPO_STEPS, "batch_prompts": 1, "learning_rate": 1e-3,
-                               "checkpoint_every": GRPO_CHECKPOINT_EVERY, "keep_checkpoints": 2, "seed": 3},
-                  "rl": {"num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 1,
+                  "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": GRPO_STEPS, "batch_prompts": 1, "learning_rate": 1e-3,
+                               "save_every": GRPO_CHECKPOINT_EVERY, "keep_checkpoints": 2, "seed": 3},
+                  "rl": {"mode": "episode", "num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 1,
                          "temperature": 1.0, "prompt": {"require_think": False}},
-                  "reward": {"length": 0.02, "early": 1.2}, "validation": {"every": 0},
+                  "reward": {"length": 0.02, "early": 1.2}, "game_eval": {"every": 0},
                   "logs_dir": "logs", "run_name": "grpo"},
 }
 # command -> (CLI subcommand, config file, metrics kind, total steps, checkpoints written by a full run)

@@ -44,7 +44,7 @@ def main() -> None:
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm.generation import BatchedGenerator
-    from wordle_mlx.llm.grpo_step import rollout_turn_mode
+    from wordle_mlx.llm.grpo_step import GroupSettings, Player, rollout_turn_mode
     from wordle_mlx.llm.models import load_model
     from wordle_mlx.llm.prompts import PromptConfig, choose_prompt
     from wordle_mlx.llm.rollout import GameSpec, RolloutConfig
@@ -74,8 +74,8 @@ def main() -> None:
             generate = TwoCalls(backend) if name == "two calls" else backend
             mx.random.seed(r)
             t0 = time.perf_counter()
-            out = rollout_turn_mode(model, tokenizer, boards, args.generations, cfg, allowed, rewards, generate,
-                                    continue_with="greedy")
+            out = rollout_turn_mode(Player(model, tokenizer, generate), boards, cfg, allowed, rewards,
+                                    GroupSettings(args.generations, "greedy"))
             times[name].append(time.perf_counter() - t0)
             prefilled[name] += backend.prefilled_tokens
             replies[name] += len(out.replies)

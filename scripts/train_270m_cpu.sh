@@ -2,19 +2,19 @@
 # The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> a self-choice
 # round -> more SFT -> GRPO -> a second self-choice round with answer coverage -> one SFT pass -> GRPO -> eval ->
 # plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only) and replies
-# spell the guess in letters with no think block (config/data.json).
+# spell the guess in letters with no think block (config/recipe-270m/data.json).
 #
-# Budget, measured here (docs/RESULTS.md, sessions 6-12 and 35), in three parts:
+# Budget, measured here (docs/RESULTS.md), in three parts:
 # - Part 1, the teacher chain (STOP_AFTER=grpo): data 3.4 + 3.3 + 2.6 min, SFT 1 29 min (180 steps), SFT 2
 #   (focus) 52 min (270 steps), SFT 3 (fit) 49 min (260 steps), GRPO 17 min (12 steps): about 2 h 40 min. Its
 #   adapter wins 16 / 200 test games greedily (8.0%).
 # - Part 2, the self-choice chain (STOP_AFTER=grpo-choice): the choice stage 20 min, then SFT on its data for
 #   240 + 120 + 240 + 240 + 240 steps (31 + 23 + 30 + 34 + 30 min) and GRPO 14 min (8 steps of 8 boards at lr
-#   1e-5): about 3 h. Its adapter (shipped in sessions 12-34) wins 45 / 200 (22.5%); its last SFT alone 49.
+#   1e-5): about 3 h. Its adapter (the shipped one before part 3 existed) wins 45 / 200 (22.5%); its last SFT alone 49.
 # - Part 3, the coverage round (STOP_AFTER=grpo-cover): a second choice round 13 min (alone), coverage 1 s, one
 #   SFT pass of 240 steps on the last 6 blocks 28 min (alone), GRPO with plain SGD 24-32 min (8 steps): about 1 h 5 min.
-#   SFT-only: 73 / 200 (36.5%); SFT+GRPO, the shipped adapter: 65 / 200 (32.5%). Session 35 reran it from
-#   part 2's adapter: data and adapters byte-identical to sessions 24, 32 and 33.
+#   SFT-only: 73 / 200 (36.5%); SFT+GRPO, the shipped adapter: 65 / 200 (32.5%). A rerun from part 2's
+#   adapter gave data and adapters byte-identical to the earlier runs.
 # Together about 6 h 45 min of training, plus 200-game evals of 3.5-14 min each: about 1 h for the nine greedy ones
 # (EVALS=greedy), about 1 h 50 min for all fifteen. This is over the 3 hours we aimed for; on this CPU the
 # self-choice and coverage passes are what moved greedy play (RESULTS.md).
@@ -60,7 +60,7 @@ train_or_resume() {  # train_or_resume RUN_DIR COMMAND...: resume RUN_DIR when i
 evaluate() {  # evaluate NAME ADAPTER|- KIND: one held-out setting for one player
   local name=$1 adapter=$2 kind=$3 extra=()
   # the base model plays the adapters' prompts (an adapter brings its own: adapter_config.json)
-  if [ "$adapter" != "-" ]; then extra=(--adapter "$adapter" --no-baselines); else extra=(--config config/eval_compact.json); fi
+  if [ "$adapter" != "-" ]; then extra=(--adapter "$adapter" --no-baselines); else extra=(--config config/recipe-270m/eval.json); fi
   # 16 tokens per reply: a letters reply is 11 ('<guess> c r a n e</guess>'); the base model never closes a tag.
   extra+=(--games "$GAMES" --max-tokens 16 --no-progress)
   case $kind in
@@ -76,36 +76,43 @@ evaluate() {  # evaluate NAME ADAPTER|- KIND: one held-out setting for one playe
 stage setup   make setup
 stage model   $W model import builtin:gemma-3-270m
 stage entropy $W entropy --top 5
-stage data    $W data --config config/data.json
+stage data    $W data --config config/recipe-270m/data.json
 # SFT 1: 30 minutes on the broad data (boards seeded with 0-4 earlier guesses of several kinds).
-stage sft     train_or_resume logs/sft-270m $W sft --config config/sft_cpu_270m.json
+stage sft     train_or_resume logs/sft-270m $W sft --config config/recipe-270m/sft.json
 # SFT 2 (focus): starts from SFT 1's adapter, on data that adds every board of the teacher's games from the
 # empty board over the train secrets (3 copies each) to 1,500 broad examples.
-stage data-focus $W data --config config/data_focus.json
-stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/sft_focus_cpu_270m.json
+stage data-focus $W data --config config/recipe-270m/data-focus.json
+stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/recipe-270m/sft-focus.json
 # SFT 3 (fit): starts from SFT 2's adapter at lr 3e-5 (1e-4 is past the edge of stability: docs/RESULTS.md,
-# session 7), on the teacher's boards only, each as often as the train games pass through it, capped at 16.
-stage data-fit   $W data --config config/data_fit.json
-stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/sft_fit_cpu_270m.json
-stage grpo       train_or_resume logs/grpo-fit-270m $W train --config config/grpo_fit_cpu_270m.json
-# The self-choice round (session 10): the GRPO-fit adapter plays every train secret from the empty board; each
+# the lr experiments), on the teacher's boards only, each as often as the train games pass through it, capped at 16.
+stage data-fit   $W data --config config/recipe-270m/data-fit.json
+stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/recipe-270m/sft-fit.json
+stage grpo       train_or_resume logs/grpo-fit-270m $W train --config config/recipe-270m/grpo-fit.json
+# The self-play round: the GRPO-fit adapter plays every train secret from the empty board; each
 # board it reaches is labelled with the answer that fits the clues which the model itself scores highest.
-stage choice     $W choice --config config/choice_270m.json --no-progress
+stage choice     $W data self-play --config config/recipe-270m/self-play.json --no-progress
 # SFT on that data from the GRPO-fit adapter (lr 3e-5), then four more passes at a constant 1.5e-5, each from
 # the one before with a new shuffle seed: greedy play went 21 -> 27 -> 31 -> 43 -> 49 / 200 over them.
-stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/sft_choice_cpu_270m.json
+stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/recipe-270m/sft-choice.json
+# The four passes share config/recipe-270m/sft-choice-more.json; each gets its seed, run name and start adapter
+# here (pass 2 is half as long, with a checkpoint every 20 steps).
+more=()      # the passes' flags, also recorded by the ship stage
 for n in 2 3 4 5; do
-  stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/sft_choice${n}_cpu_270m.json
+  prev=sft-choice$([ $n -gt 2 ] && echo $((n - 1)))-270m
+  if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
+  flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --start-adapter logs/$prev/adapters "${size[@]}")
+  more+=("${flags[*]}")
+  stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json "${flags[@]}"
 done
-# GRPO at a learning rate that cannot break the policy (lr 5e-5 did, in 10 steps: RESULTS.md session 11).
-stage grpo-choice train_or_resume logs/grpo-choice5-270m $W train --config config/grpo_choice_cpu_270m.json
-# Part 3, the coverage round (sessions 24, 31-33): a second self-choice round from that adapter; every answer
-# that fits some tight board of it (at most 5 answers left) is added as a label there, 4 times (`cover`); one SFT
+# GRPO at a learning rate that cannot break the policy (lr 5e-5 did, in 10 steps: docs/RESULTS.md).
+stage grpo-choice train_or_resume logs/grpo-choice5-270m $W train --config config/recipe-270m/grpo-choice.json
+# Part 3, the coverage round: a second self-play round from that adapter; every answer
+# that fits some tight board of it (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT
 # pass on it that trains only the last 6 of 18 blocks (SFT-only: 73 / 200), then GRPO with plain SGD (65 / 200).
-stage choice2    $W choice --config config/choice2_270m.json --no-progress
-stage cover      $W cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress
-stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/sft_cover_cpu_270m.json
-stage grpo-cover train_or_resume logs/grpo-cover-270m $W train --config config/grpo_cover_cpu_270m.json
+stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress
+stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress
+stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/recipe-270m/sft-cover.json
+stage grpo-cover train_or_resume logs/grpo-cover-270m $W train --config config/recipe-270m/grpo-cover.json
 
 evaluate base - greedy
 evaluate sft1 logs/sft-270m/adapters greedy
@@ -133,15 +140,14 @@ stage plots bash -c "
 ship_evals=()
 for f in "$R"/eval_grpocover_*.json; do ship_evals+=(--eval "$f"); done
 sft_configs=()
-for c in sft_cpu_270m sft_focus_cpu_270m sft_fit_cpu_270m sft_choice_cpu_270m sft_choice{2,3,4,5}_cpu_270m \
-    sft_cover_cpu_270m; do
-  sft_configs+=(--sft-config "config/$c.json")
-done
+for c in sft sft-focus sft-fit sft-choice; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
+for flags in "${more[@]}"; do sft_configs+=(--sft-config "config/recipe-270m/sft-choice-more.json $flags"); done
+sft_configs+=(--sft-config config/recipe-270m/sft-cover.json)
 stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/grpo-cover-270m/adapters --out "$SHIP" \
-  --data-config config/data.json --data-config config/data_focus.json --data-config config/data_fit.json \
-  --choice-config config/choice_270m.json --choice-config config/choice2_270m.json "${sft_configs[@]}" \
-  --grpo-config config/grpo_fit_cpu_270m.json --grpo-config config/grpo_choice_cpu_270m.json \
-  --grpo-config config/grpo_cover_cpu_270m.json \
+  --data-config config/recipe-270m/data.json --data-config config/recipe-270m/data-focus.json --data-config config/recipe-270m/data-fit.json \
+  --choice-config config/recipe-270m/self-play.json --choice-config config/recipe-270m/self-play-2.json "${sft_configs[@]}" \
+  --grpo-config config/recipe-270m/grpo-fit.json --grpo-config config/recipe-270m/grpo-choice.json \
+  --grpo-config config/recipe-270m/grpo-cover.json \
   "${ship_evals[@]}"
 
 echo

@@ -45,7 +45,7 @@ class GRPOLoraDtypeTest(unittest.TestCase):
             start = write_adapter(Path(tmp) / "adapter")
             for kind in ("bfloat16", "4bit"):
                 with self.subTest(base=kind):
-                    cfg = validate_config({"model": {"name": tiny_model_in(kind), "adapter": str(Path(tmp) / "adapter"),
+                    cfg = validate_config({"model": {"name": tiny_model_in(kind), "start_adapter": str(Path(tmp) / "adapter"),
                                                      "dtype": "bfloat16"},
                                            "training": {"learning_rate": LEARNING_RATE, "steps": 3},
                                            "progress": False}, grpo.GRPOConfig, "test")
@@ -79,7 +79,7 @@ class SFTLoraDtypeTest(unittest.TestCase):
                                    "logs_dir": str(root / "logs"), "run_name": "bf16", "steps": 3, "batch_size": 4,
                                    "learning_rate": LEARNING_RATE, "warmup_steps": 0, "min_lr_ratio": 1.0,
                                    "valid_every": 0, "save_every": 1, "keep_checkpoints": 3, "progress": False,
-                                   "init_adapter": str(root / "adapter"), "lora": {"rank": 4, "scale": 10.0}},
+                                   "start_adapter": str(root / "adapter"), "lora": {"rank": 4, "scale": 10.0}},
                                   sft.SFTConfig, "test")
             checkpoints = Path(sft.run(cfg)["run_dir"]) / "checkpoints"
             moved = []

@@ -1,4 +1,4 @@
-"""`wordle-mlx choice`: exact reply scores, labels that are the model's best fitting answer, checked data."""
+"""`wordle-mlx data self-play`: exact reply scores, labels that are the model's best fitting answer, checked data."""
 
 from __future__ import annotations
 
@@ -142,80 +142,13 @@ class ChoiceLabelTest(unittest.TestCase):
                 self.assertEqual(guesses[1], self.labeler.label(history)[0])
 
 
-class OwnRetryTest(unittest.TestCase):
-    """Retry examples from the model's own greedy non-words: scripted replies stand in for the model."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.model, cls.tok = tiny()
-        cls.allowed = frozenset(Solver(load_table(show_progress=False)).table.guesses)
-        secret = split_answers()["train"][0]
-        history = [("crane", feedback("crane", secret))]
-        def record(hist, label, extra=None):
-            messages = choice.build_messages(PROMPT, hist, (), 6) if extra is None else \
-                choice.build_messages(PROMPT, hist, (), 6, last_error=extra)
-            meta = {"secret": secret, "history": [g for g, _ in hist], "seeded": 0, "mode": "self_choice",
-                    "target": label}
-            if extra is not None:
-                meta["retry_error"] = list(extra)
-            return {"messages": messages + [{"role": "assistant", "content": choice.format_reply(
-                None, label, False, "letters")}], "meta": meta}
-        cls.empty, cls.board = record([], "slate"), record(history, secret)
-        cls.made_up = record(history, secret, ("not_a_word", "rcane"))
-        cls.records = [cls.empty] * 3 + [cls.board, cls.made_up]
-
-    def scripted(self, replies: dict[str, str]):
-        """A backend whose reply depends on what the prompt says: keys are looked up in the decoded prompt."""
-        from wordle_mlx.llm.generation import Completion
-        seen = []
-
-        def generate(prompts, cfg):
-            self.assertEqual(cfg.temperature, 0.0)
-            out = []
-            for ids in prompts:
-                text = self.tok.decode(list(ids))
-                seen.append(text)
-                key = next(k for k in replies if k in text)
-                out.append(Completion([1], [0.0], replies[key], "stop"))
-            return out
-        return generate, seen
-
-    def test_non_words_give_retry_records_with_the_board_label_and_copies(self):
-        generate, seen = self.scripted({"XQZVB": "<guess> q x z v b</guess>", "Pattern": "<guess> s l a t e</guess>",
-                                        "": "<guess> x q z v b</guess>"})
-        new, counts = choice.own_retry_records(self.records, self.model, self.tok, PROMPT, self.allowed, 2,
-                                               generate_fn=generate)
-        # round 1 decodes the two boards (not the made-up retry); the empty board's non-word gives 3 copies
-        self.assertEqual(counts["rounds"], [{"prompts": 2, "non_words": 1, "records": 3},
-                                            {"prompts": 1, "non_words": 1, "records": 3}])
-        self.assertEqual(len(seen), 3)
-        self.assertEqual([r["meta"]["retry_error"] for r in new], [["not_a_word", "xqzvb"]] * 3
-                         + [["not_a_word", "qxzvb"]] * 3)
-        check = data.DataConfig(think_style="none", prompt=PROMPT, progress=False)
-        splits = {k: set(v) for k, v in split_answers().items()}
-        for r in new:
-            self.assertEqual(r["messages"][-1], self.empty["messages"][-1])
-            self.assertIn("not in the word list", r["messages"][-2]["content"])
-            self.assertIsNone(data.replay_problem(r, check, set(self.allowed), "train", splits))
-
-    def test_the_same_non_word_again_adds_nothing_and_words_add_nothing(self):
-        generate, _ = self.scripted({"Pattern": "<guess> s l a t e</guess>", "": "<guess> x q z v b</guess>"})
-        new, counts = choice.own_retry_records(self.records, self.model, self.tok, PROMPT, self.allowed, 2,
-                                               generate_fn=generate)
-        self.assertEqual(len(new), 3)
-        self.assertEqual(counts["rounds"][1], {"prompts": 1, "non_words": 0, "records": 0})
-        generate, _ = self.scripted({"": "<guess> s l a t e</guess>"})
-        self.assertEqual(choice.own_retry_records(self.records, self.model, self.tok, PROMPT, self.allowed, 1,
-                                                  generate_fn=generate)[0], [])
-
-
 class ChoiceRunTest(unittest.TestCase):
     def test_run_writes_checked_data_from_train_and_valid_secrets_only(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "choice.json"
             path.write_text(json.dumps({"model": "builtin:tiny-random", "out": str(Path(tmp) / "out"),
                                         "train_games": 4, "valid_games": 2, "prompt": PROMPT.model_dump(),
-                                        "own_retries": 2, "progress": False}))
+                                        "progress": False}))
             result = choice.run(load_config(path, choice.ChoiceConfig))
             splits = split_answers()
             check = data.DataConfig(think_style="none", prompt=PROMPT, progress=False)
@@ -228,11 +161,6 @@ class ChoiceRunTest(unittest.TestCase):
                 for r in records:
                     self.assertIsNone(data.replay_problem(r, check, allowed, split, split_sets))
             self.assertEqual(result["valid"]["games"], 2)
-            own = result["valid"]["own_retries"]       # the tiny random model's replies, whatever they are
-            boards = {json.dumps(r["messages"][:-1]) for r in records if "retry_error" not in r["meta"]}
-            self.assertEqual(own["rounds"][0]["prompts"], len(boards))
-            self.assertEqual(sum(r["meta"].get("retry_source") == "own" for r in records), own["rounds"][0]["records"]
-                             + own["rounds"][1]["records"])
 
     def test_a_think_prompt_is_a_user_error(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from wordle_mlx.config import load_config
 from wordle_mlx.errors import UserError
-from wordle_mlx.game.coverage import coverage_examples, solver_boards, top_openers
+from wordle_mlx.game.coverage import coverage_examples
 from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import is_consistent
 from wordle_mlx.game.solver import Solver
@@ -88,22 +88,6 @@ class CoverageExamplesTest(unittest.TestCase):
         examples, uncovered = coverage_examples(only, [secret], self.solver)
         self.assertEqual((examples, uncovered), ([], [secret]))
 
-    def test_solver_boards_are_the_solvers_games_after_each_opener(self):
-        openers = top_openers(self.solver, 3)
-        self.assertEqual(len(openers), 3)
-        self.assertTrue(all(w in self.solver.table.answer_index for w in openers))
-        secrets = split_answers()["train"][:5]
-        boards = solver_boards(self.solver, secrets, openers)
-        self.assertEqual({s for s, _ in boards}, set(secrets))
-        for secret in secrets:
-            for opener in openers:
-                game = self.solver.play(secret, [opener])
-                mine = [g for s, g in boards if s == secret and g[0] == opener]
-                # every position from the first guess on, the finished board left out
-                self.assertEqual(mine, [tuple(game[:k]) for k in range(1, len(game))])
-        with self.assertRaisesRegex(ValueError, "n must be at least 1"):
-            top_openers(self.solver, 0)
-
     def test_bad_arguments_raise(self):
         with self.assertRaisesRegex(ValueError, "'zzzzz' is not an answer word"):
             coverage_examples(self.boards, ["zzzzz"], self.solver)
@@ -128,7 +112,7 @@ class CoverRunTest(unittest.TestCase):
                 for k in range(len(game)):
                     history = [(g, feedback(g, secret)) for g in game[:k]]
                     messages = build_messages(prompt, history, (), MAX_GUESSES) + [
-                        {"role": "assistant", "content": format_reply(None, game[k], False, prompt.guess_format)}]
+                        {"role": "assistant", "content": format_reply(None, game[k], prompt.guess_format)}]
                     lines.append(json.dumps({"messages": messages, "meta": {
                         "secret": secret, "history": game[:k], "seeded": 0, "mode": "teacher", "target": game[k]}}))
             (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
@@ -138,7 +122,8 @@ class CoverRunTest(unittest.TestCase):
     def test_run_adds_one_checked_example_per_answer_and_keeps_the_input(self):
         with tempfile.TemporaryDirectory() as tmp:
             src = self.make_input(Path(tmp))
-            cfg = cover.CoverConfig(data=str(src), out=str(Path(tmp) / "out"), progress=False)
+            cfg = cover.CoverConfig(data=str(src), out=str(Path(tmp) / "out"), copies=1, max_candidates=None,
+                                    progress=False)
             result = cover.run(cfg)
             out = Path(tmp) / "out"
             train = [json.loads(l) for l in (out / "train.jsonl").read_text().splitlines()]
@@ -167,9 +152,9 @@ class CoverRunTest(unittest.TestCase):
         """`cover` on one input with --max-candidates 5, as is and with `change`: (plain result, changed
         result, the changed folder's coverage records)."""
         src = self.make_input(root)
-        plain = cover.run(cover.CoverConfig(data=str(src), out=str(root / "plain"), max_candidates=5, progress=False))
-        changed = cover.run(cover.CoverConfig(data=str(src), out=str(root / "changed"), max_candidates=5,
-                                              progress=False, **change))
+        plain = cover.run(cover.CoverConfig(data=str(src), out=str(root / "plain"), copies=1, progress=False))
+        changed = cover.run(cover.CoverConfig(data=str(src), out=str(root / "changed"), progress=False,
+                                              **{"copies": 1, **change}))
         records = [json.loads(l) for l in (root / "changed" / "train.jsonl").read_text().splitlines()]
         return plain, changed, [r for r in records if r["meta"]["mode"] == "answer_coverage"]
 
@@ -181,18 +166,6 @@ class CoverRunTest(unittest.TestCase):
             counts = Counter(json.dumps(r) for r in added)
             self.assertEqual(set(counts.values()), {3})
             self.assertEqual(len(counts), one["examples"])
-
-    def test_solver_openers_add_boards_on_the_folders_own_secrets(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            plain, more, added = self.plain_and_changed(Path(tmp), solver_openers=4)
-            self.assertEqual(more["solver_openers"], top_openers(self.solver, 4))
-            self.assertGreater(more["words_covered"], plain["words_covered"])
-            secrets = set(self.splits["train"][:12])       # the input folder's train secrets, no others
-            self.assertEqual({r["meta"]["secret"] for r in added} - secrets, set())
-            self.assertTrue(all(r["meta"]["candidates"] <= 5 for r in added))
-            for r in added:
-                self.assertIn(r["meta"]["target"], fitting(self.solver, r["meta"]["secret"], r["meta"]["history"]))
-                self.assertNotEqual(r["meta"]["target"], r["meta"]["secret"])
 
     def test_bad_inputs_are_one_line_errors_and_write_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -223,7 +196,7 @@ class CoverRunTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "cover.json"
             path.write_text(json.dumps({"data": "in", "out": "out", "per_word": 0}))
-            proc = subprocess.run([sys.executable, "-m", "wordle_mlx", "cover", "--config", str(path)],
+            proc = subprocess.run([sys.executable, "-m", "wordle_mlx", "data", "cover", "--config", str(path)],
                                   capture_output=True, text=True)
             self.assertNotEqual(proc.returncode, 0)
             self.assertIn("per_word", proc.stderr)

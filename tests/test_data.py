@@ -25,9 +25,20 @@ MARK = {"green": "G", "yellow": "Y", "grey": "X"}
 LINE_RE = re.compile(r"^\d+\. ([A-Z]{5}): (.*)$")
 
 
+# The settings these tests were written for (the full prompt with a think block, one teacher turn per seeded
+# board); `data`'s defaults are the 270M recipe's compact letters data.
+FULL_THINK = {"think_style": "brief", "candidate_threshold": 3, "turns_per_game": 1, "retry_fraction": 0.0,
+              "max_copies": None, "history": {"k_weights": [0.2] * 5, "solver": 0.4, "random": 0.45, "mistake": 0.15},
+              "prompt": {"require_think": True, "style": "full", "guess_format": "word"}}
+
+
 def write_config(folder: Path, **fields) -> Path:
+    """A data config in `folder` writing `folder`/out: FULL_THINK with `fields` (prompt and history fields merged)."""
+    merged = {**FULL_THINK, **fields}
+    for section in ("prompt", "history"):
+        merged[section] = {**FULL_THINK[section], **fields.get(section, {})}
     path = folder / "data.json"
-    path.write_text(json.dumps({"out": str(folder / "out"), "progress": False, **fields}))
+    path.write_text(json.dumps({"out": str(folder / "out"), "progress": False, **merged}))
     return path
 
 
@@ -134,16 +145,15 @@ class DataGenerationTest(unittest.TestCase):
 class HistogramAndModesTest(unittest.TestCase):
     def test_history_lengths_follow_k_weights(self):
         with tempfile.TemporaryDirectory() as tmp:
-            path = write_config(Path(tmp), mode="rl", train_examples=400, valid_examples=10,
-                                history={"k_weights": [0.25, 0.75]})
+            path = write_config(Path(tmp), train_examples=400, valid_examples=10, think_style="none",
+                                prompt={"require_think": False}, history={"k_weights": [0.25, 0.75]})
             result = data.run(load_config(path, data.DataConfig))
             hist = result["train"]["history_length_histogram"]
             self.assertAlmostEqual(hist["0"] / 400, 0.25, delta=0.07)
             self.assertAlmostEqual(hist["1"] / 400, 0.75, delta=0.07)
-            records = [json.loads(l) for l in (Path(tmp) / "out" / "rl_train.jsonl").read_text().splitlines()]
-            self.assertEqual(set(records[0]), {"secret", "history", "mode"})
+            records = [json.loads(l) for l in (Path(tmp) / "out" / "train.jsonl").read_text().splitlines()]
             test = set(split_answers(answers())["test"])
-            self.assertFalse({r["secret"] for r in records} & test)
+            self.assertFalse({r["meta"]["secret"] for r in records} & test)
 
 
 class ThinkTextTest(unittest.TestCase):
@@ -254,7 +264,7 @@ class RetryExamplesTest(unittest.TestCase):
 
 
 class RejectedWordTest(unittest.TestCase):
-    """`prompt.rejected_word`: how the retry message shows a non-word (session 26)."""
+    """`prompt.rejected_word`: how the retry message shows a non-word."""
 
     def test_letters_message_in_both_contexts(self):
         from wordle_mlx.llm.prompts import PromptConfig, TurnText, build_messages
@@ -312,76 +322,8 @@ class RejectedWordTest(unittest.TestCase):
                 self.assertEqual(a["messages"][1]["content"].split("\n", 1)[1], b["messages"][1]["content"].split("\n", 1)[1])
 
 
-class SpaceBeforeGuessTest(unittest.TestCase):
-    """`space_before_guess`: the same examples, the guess tag written as `<guess> word</guess>`."""
-
-    def test_only_the_guess_tag_changes_and_targets_stay_valid(self):
-        from wordle_mlx.llm.prompts import parse_reply
-        with tempfile.TemporaryDirectory() as tmp:
-            runs = []
-            for name, space in (("plain", False), ("spaced", True)):
-                folder = Path(tmp) / name
-                folder.mkdir()
-                cfg = write_config(folder, train_examples=40, valid_examples=5, turns_per_game=2,
-                                   space_before_guess=space)
-                out = Path(data.run(load_config(cfg, data.DataConfig))["out"])
-                runs.append([json.loads(l) for l in (out / "train.jsonl").read_text().splitlines()])
-        allowed = set(load_table(show_progress=False).guesses)
-        plain, spaced = runs
-        self.assertEqual(len(plain), len(spaced))
-        for a, b in zip(plain, spaced):
-            self.assertEqual(a["messages"][:-1], b["messages"][:-1])
-            self.assertEqual(a["meta"], b["meta"])
-            target = a["meta"]["target"]
-            self.assertTrue(a["messages"][-1]["content"].endswith(f"<guess>{target}</guess>"))
-            self.assertTrue(b["messages"][-1]["content"].endswith(f"<guess> {target}</guess>"))
-            self.assertEqual(parse_reply(b["messages"][-1]["content"], True, allowed).guess, target)
 
 
-class OneTokenWordsTest(unittest.TestCase):
-    """`one_token_words`: the teacher prefers words the tokenizer writes as one token, whenever one fits."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.solver = Solver(load_table(show_progress=False))
-        # a stand-in for "one token": words without an 'e' (about half of the list)
-        cls.preferred = frozenset(w for w in cls.solver.table.guesses if "e" not in w)
-
-    def test_teacher_picks_the_best_preferred_candidate(self):
-        from wordle_mlx.game.entropy import entropies
-        table, checked = self.solver.table, 0
-        for secret, history in random_boards(3, list(table.answers), 60, 3):
-            cols = self.solver.candidate_columns(history)
-            guess = data.teacher_guess(self.solver, cols, 100000, self.preferred)
-            cands = [table.answers[c] for c in cols]
-            self.assertIn(guess, cands)
-            liked = [c for c in cols if table.answers[c] in self.preferred]
-            if not liked:   # nothing preferred fits: the plain teacher's choice
-                self.assertEqual(guess, data.teacher_guess(self.solver, cols, 100000))
-                continue
-            bits = entropies(table.matrix[self.solver.answer_row[liked]], cols)
-            self.assertIn(guess, self.preferred)
-            self.assertAlmostEqual(float(bits[[table.answers[c] for c in liked].index(guess)]), float(bits.max()), 6)
-            checked += 1
-        self.assertGreater(checked, 20)
-
-    def test_solver_branch_and_think_order(self):
-        cols = self.solver.candidate_columns([])
-        self.assertIn(data.teacher_guess(self.solver, cols, 3, self.preferred), self.preferred)
-        self.assertEqual(data.preferred_first(["crane", "sloth", "eerie", "dingy"], self.preferred),
-                         ["sloth", "dingy", "crane", "eerie"])
-        self.assertEqual(data.preferred_first(["crane", "sloth"], None), ["crane", "sloth"])
-
-    def test_one_token_word_set_asks_the_tokenizer(self):
-        class Tokenizer:   # ' raise' is one piece, ' soare' two
-            def encode(self, text, add_special_tokens=True):
-                self.assert_no_specials = add_special_tokens
-                return [1] if text == " raise" else [1, 2]
-        self.assertEqual(data.one_token_word_set(Tokenizer(), ["raise", "soare"]), frozenset({"raise"}))
-
-    def test_needs_a_tokenizer(self):
-        with self.assertRaisesRegex(UserError, "one_token_words"):
-            validate_config({"one_token_words": True}, data.DataConfig, "x.json")
 
 
 def parse_clues(text: str) -> tuple[str, dict[str, list[int]], set[str]]:
@@ -502,7 +444,7 @@ class EmptyBoardCopiesTest(unittest.TestCase):
         cfg = data.DataConfig(think_style="none", candidate_threshold=100000, empty_board_copies=3,
                               retry_fraction=0.5, prompt={"require_think": False, "style": "compact",
                                                           "guess_format": "letters"})
-        records = data.empty_board_examples(words, cfg, random.Random(0), solver, None)
+        records = data.empty_board_examples(words, cfg, random.Random(0), solver)
         counts = Counter(json.dumps(r["messages"]) for r in records)
         self.assertEqual(set(counts.values()), {3})
         # the boards are exactly those of the teacher's games, each game played to the end, no retries
@@ -524,7 +466,7 @@ class EmptyBoardCopiesTest(unittest.TestCase):
                               empty_board_traffic_cap=3, prompt={"require_think": False, "style": "compact",
                                                                  "guess_format": "letters"})
         counts = Counter(json.dumps(r["messages"]) for r in
-                         data.empty_board_examples(words, cfg, random.Random(0), solver, None))
+                         data.empty_board_examples(words, cfg, random.Random(0), solver))
         # traffic counted independently: how many of the 40 games pass through each (board, teacher reply)
         traffic = teacher_board_traffic(solver, words)
         opener = [k for k in traffic if k[0] == ()]
@@ -544,7 +486,7 @@ class BadInputTest(unittest.TestCase):
         with self.assertRaisesRegex(UserError, "think_style"):
             validate_config({"think_style": "long"}, data.DataConfig, "x.json")
         with self.assertRaisesRegex(UserError, "require_think"):
-            validate_config({"think_style": "none"}, data.DataConfig, "x.json")
+            validate_config({"think_style": "none", "prompt": {"require_think": True}}, data.DataConfig, "x.json")
         with self.assertRaisesRegex(UserError, "k_weights"):
             validate_config({"history": {"k_weights": [-1, 1]}}, data.DataConfig, "x.json")
 

@@ -114,10 +114,10 @@ class DistributedTest(unittest.TestCase):
 
     def test_grpo_train(self):
         cfg = {"model": {"name": "builtin:tiny-random"}, "lora": {"rank": 4, "scale": 10.0},
-               "training": {"steps": 3, "batch_prompts": 2, "learning_rate": 1e-3, "checkpoint_every": 2, "seed": 3},
-               "rl": {"num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 2,
+               "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": 3, "batch_prompts": 2, "learning_rate": 1e-3, "save_every": 2, "seed": 3},
+               "rl": {"mode": "episode", "num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 2,
                       "prompt": {"require_think": False}},
-               "reward": {"length": 0.02, "early": 1.2}, "validation": {"every": 3, "games": 3},
+               "reward": {"length": 0.02, "early": 1.2}, "game_eval": {"every": 3, "games": 3},
                "logs_dir": str(self.root / "logs"), "run_name": "grpo2"}
         config = self.root / "grpo.json"
         config.write_text(json.dumps(cfg))

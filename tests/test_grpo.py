@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import unittest
@@ -21,14 +20,15 @@ from wordle_mlx.llm import grpo_loss as grpo_loss_module
 from wordle_mlx.llm import grpo_step
 from wordle_mlx.llm.episode import TokenSequence
 from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.advantages import expected_reward_advantages, group_advantages
+from wordle_mlx.llm.advantages import group_advantages
 from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, lora_disabled, pack_batch,
                                       selected_logprobs)
-from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
+from wordle_mlx.llm.grpo_step import GroupSettings, Player, ScoredItem, UpdateSettings, policy_update
 from wordle_mlx.llm.lora import apply_lora, lora_parameters
 from wordle_mlx.llm.models import load_model
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import grpo as stage
+from . import assert_f32_close
 
 
 def tiny_policy(seed: int = 0):
@@ -51,13 +51,13 @@ def sample_items(model, tok, prompt, groups: int, g: int, max_tokens: int, rewar
 
 def stage_config(logs: str, **training) -> stage.GRPOConfig:
     data = {"model": {"name": "builtin:tiny-random"}, "lora": {"rank": 4, "scale": 10.0},
-            "training": {"steps": 3, "batch_prompts": 2, "learning_rate": 1e-3, "checkpoint_every": 0, "seed": 3,
+            "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": 3, "batch_prompts": 2, "learning_rate": 1e-3, "save_every": 0, "seed": 3,
                          **training},
-            "rl": {"num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 2,
+            "rl": {"mode": "episode", "num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 2,
                    "prompt": {"require_think": False}},
             # a small length penalty makes rewards differ within groups even for a random model
             "reward": {"length": 0.02, "early": 1.2},
-            "validation": {"every": 0}, "logs_dir": logs, "run_name": "run", "progress": False}
+            "game_eval": {"every": 0}, "logs_dir": logs, "run_name": "run", "progress": False}
     return validate_config(data, stage.GRPOConfig, "test")
 
 
@@ -91,144 +91,6 @@ class Advantages(unittest.TestCase):
     def test_nonfinite_reward_raises(self):
         with self.assertRaises(ValueError):
             group_advantages([1.0, float("nan")], [0, 0])
-
-
-class ExpectedRewardAdvantages(unittest.TestCase):
-    """grpo.advantage 'expected' (minimum risk training): distinct replies weighted by renormalised probability."""
-
-    def test_hand_computed_group_with_a_duplicate(self):
-        # group 0: replies a, b, a (a sampled twice), c; p(a) = 0.5, p(b) = 0.3, p(c) = 0.2 (renormalised below)
-        lp = np.log([0.5, 0.3, 0.5, 0.2])
-        adv, skipped = expected_reward_advantages([1.0, 0.0, 1.0, 2.0], [0, 0, 0, 0], lp, ["a", "b", "a", "c"])
-        q = np.array([0.5, 0.3, 0.2])
-        mean = q @ [1.0, 0.0, 2.0]                                  # 0.9
-        a, b, c = q * (np.array([1.0, 0.0, 2.0]) - mean)
-        np.testing.assert_allclose(adv, [a / 2, b, a / 2, c], rtol=1e-12)
-        self.assertEqual(skipped, 0)
-        self.assertAlmostEqual(float(adv.sum()), 0.0, places=12)    # sum of Q (r - mean) is 0
-
-    def test_sharpness_flattens_and_equal_rewards_are_skipped(self):
-        lp = np.log([0.9, 0.1, 0.5, 0.5])
-        flat, skipped = expected_reward_advantages([1.0, 0.0, 3.0, 3.0], [0, 0, 1, 1], lp, [1, 2, 3, 4], 1e-9)
-        np.testing.assert_allclose(flat, [0.25, -0.25, 0.0, 0.0], atol=1e-8)   # Q uniform over a and b
-        self.assertEqual(skipped, 1)
-
-    def test_bad_input_raises(self):
-        with self.assertRaises(ValueError):
-            expected_reward_advantages([1.0, 0.0], [0, 0], [0.0, float("-inf")], ["a", "b"])
-        with self.assertRaises(ValueError):
-            expected_reward_advantages([1.0, 0.0], [0, 0], [0.0], ["a", "b"])
-        with self.assertRaises(ValueError):
-            grpo_step.item_advantages([], "median")
-        with self.assertRaises(ValueError):
-            stage.GRPOSection(advantage="expected", averaging="sequence")
-
-    def test_update_is_the_gradient_of_the_expected_reward(self):
-        """One SGD step with 'expected' advantages, token averaging and no clipping moves the LoRA weights by
-        exactly lr / N x the gradient of sum_y Q(y) r(y) over the group's distinct replies (N model tokens),
-        Q computed from the model's own log-probs: the minimum risk training objective, differentiated by MLX."""
-        import mlx.nn as nn
-
-        model, tok = tiny_policy(11)
-        for _, m in model.named_modules():
-            if hasattr(m, "lora_b"):
-                m.lora_b = mx.random.normal(m.lora_b.shape) * 0.05
-        prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
-        mx.random.seed(4)
-        items = sample_items(model, tok, prompt, 1, 5, 4, lambda t: float(t[0] % 3) + 0.1 * len(t))
-        items.append(ScoredItem([items[0].sequences[0]], 0, items[0].reward, {}))   # a duplicate reply
-        seqs = {tuple(it.sequences[0].tokens): it for it in items}
-        self.assertGreaterEqual(len(seqs), 3)
-        distinct = [it.sequences[0] for it in seqs.values()]
-        rewards = mx.array([it.reward for it in seqs.values()])
-        n_tokens = sum(sum(it.sequences[0].mask) for it in items)
-        packed = pack_batch(distinct, [0.0] * len(distinct),
-                            averaging_weights([sum(q.mask) for q in distinct], "token"))
-        arrays, rows = batch_arrays(packed), mx.array(packed.sequence)
-
-        def expected_reward(_):
-            lp = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.0)
-            seq_lp = mx.zeros((len(distinct),)).at[rows].add(lp)
-            return (mx.softmax(seq_lp) * rewards).sum()
-
-        _, grads = nn.value_and_grad(model, expected_reward)(None)
-        start = [(k, mx.array(v)) for k, v in tree_flatten(model.trainable_parameters())]
-        lr = 0.5
-        result = policy_update(model, optim.SGD(learning_rate=lr), items,
-                               UpdateSettings(LossSettings(), advantage="expected", max_grad_norm=0.0))
-        self.assertTrue(result.applied)
-        moved = dict(tree_flatten(model.trainable_parameters()))
-        for k, g in tree_flatten(grads):
-            np.testing.assert_allclose(np.array(moved[k]) - np.array(dict(start)[k]), lr / n_tokens * np.array(g),
-                                       atol=2e-6, err_msg=k)
-        self.assertGreater(max(float(mx.abs(g).max()) for _, g in tree_flatten(grads)), 1e-4)
-
-
-class PositiveOnly(unittest.TestCase):
-    """grpo.positive_only (self-imitation): replies below their group's mean are not trained on."""
-
-    def test_update_equals_one_on_the_positive_replies_alone(self):
-        model, tok = tiny_policy(12)
-        prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
-        mx.random.seed(5)
-        items = sample_items(model, tok, prompt, 2, 4, 5, lambda t: float(t[0] % 4) + 0.01 * len(t))
-        adv, _ = group_advantages([it.reward for it in items], [it.group for it in items])
-        self.assertTrue((adv > 0).any() and (adv < 0).any())
-        start = [(k, mx.array(v)) for k, v in tree_flatten(model.trainable_parameters())]
-        settings = UpdateSettings(LossSettings(), max_grad_norm=0.0, positive_only=True)
-        first = policy_update(model, optim.SGD(learning_rate=0.1), items, settings)
-        moved = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
-        # the same step by hand: only the replies with a positive advantage, their token weights over all tokens
-        model.update(tree_unflatten(start))
-        seqs = [it.sequences[0] for it, a in zip(items, adv) if a > 0]
-        n_tokens = sum(sum(it.sequences[0].mask) for it, a in zip(items, adv) if a > 0) + \
-            sum(sum(it.sequences[0].mask) for it, a in zip(items, adv) if a < 0)
-        weights = [np.full(sum(q.mask), 1.0 / n_tokens) for q in seqs]
-        arrays = batch_arrays(pack_batch(seqs, [float(a) for a in adv if a > 0], weights))
-        import mlx.nn as nn
-
-        _, grads = nn.value_and_grad(model, lambda a: grpo_loss(model, a, LossSettings())[0])(arrays)
-        for k, g in tree_flatten(grads):
-            np.testing.assert_allclose(moved[k], np.array(dict(start)[k]) - 0.1 * np.array(g), atol=1e-6, err_msg=k)
-        self.assertTrue(first.applied)
-        plain = policy_update(model, optim.SGD(learning_rate=0.1), items,
-                              UpdateSettings(LossSettings(), max_grad_norm=0.0))
-        self.assertGreater(plain.trained_tokens, 0)
-        with self.assertRaises(ValueError):
-            stage.GRPOSection(positive_only=True, unplayable_advantage=-1.0)
-
-
-class UnplayableGroups(unittest.TestCase):
-    """grpo.unplayable_advantage: a zero-variance group in which no reply played a word gets that advantage."""
-
-    @staticmethod
-    def items(groups, valid, rewards):
-        return [ScoredItem([], g, r, {"valid": v}) for g, v, r in zip(groups, valid, rewards)]
-
-    def test_only_all_unplayable_dead_groups_change(self):
-        groups = [0, 0, 1, 1, 2, 2, 3, 3]
-        valid = [0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
-        rewards = [0.05, 0.05, 0.7, 0.7, 0.05, 0.7, 0.05, -0.05]   # 0: dead, non-words; 1: dead, words; 2, 3 live
-        items = self.items(groups, valid, rewards)
-        adv, skipped = group_advantages(rewards, groups)
-        self.assertEqual(skipped, 2)
-        out, changed = grpo_step.unplayable_group_advantages(items, adv, -1.0)
-        self.assertEqual(changed, 1)
-        np.testing.assert_array_equal(out[:4], [-1.0, -1.0, 0.0, 0.0])
-        np.testing.assert_array_equal(out[4:], adv[4:])            # live groups keep their group advantage
-        same, none = grpo_step.unplayable_group_advantages(items, adv, 0.0)
-        self.assertIs(same, adv)
-        self.assertEqual(none, 0)
-
-    def test_missing_valid_component_raises(self):
-        items = [ScoredItem([], 0, 0.0, {"format": 1.0}), ScoredItem([], 0, 0.0, {"format": 1.0})]
-        with self.assertRaises(ValueError):
-            grpo_step.unplayable_group_advantages(items, np.zeros(2), -1.0)
-
-    def test_config_range(self):
-        with self.assertRaises(ValueError):
-            stage.GRPOSection(unplayable_advantage=0.5)
-        self.assertEqual(stage.GRPOSection().unplayable_advantage, 0.0)
 
 
 class Packing(unittest.TestCase):
@@ -294,33 +156,6 @@ class LossOnTinyModel(unittest.TestCase):
         after = dict(tree_flatten(self.model.trainable_parameters()))
         self.assertTrue(all(np.array_equal(before[k], np.array(after[k])) for k in before))
 
-    def test_unplayable_group_is_pushed_down(self):
-        """A dead group of replies that played no word is skipped by plain GRPO; with unplayable_advantage < 0
-        the update trains on it and lowers the log-probability of those replies."""
-        mx.random.seed(3)
-        items = sample_items(self.model, self.tok, self.prompt, 1, 4, 6, lambda t: 0.0)
-        for it in items:
-            it.values = {"valid": 0.0}
-        seqs = [it.sequences[0] for it in items]
-        arrays = batch_arrays(pack_batch(seqs, [0.0] * 4, averaging_weights([sum(s.mask) for s in seqs], "token")))
-
-        def total_logprob():
-            return float(selected_logprobs(self.model, arrays["inputs"], arrays["positions"], arrays["targets"],
-                                           1.0).sum())
-
-        before_params = [(k, mx.array(v)) for k, v in tree_flatten(self.model.trainable_parameters())]
-        try:
-            before = total_logprob()
-            plain = policy_update(self.model, optim.SGD(learning_rate=0.05), items, UpdateSettings(LossSettings()))
-            self.assertEqual((plain.applied, plain.skipped_groups, plain.unplayable_groups), (False, 1, 0))
-            pushed = policy_update(self.model, optim.SGD(learning_rate=0.05), items,
-                                   UpdateSettings(LossSettings(), unplayable_advantage=-1.0))
-            self.assertEqual((pushed.applied, pushed.skipped_groups, pushed.unplayable_groups), (True, 0, 1))
-            self.assertGreater(pushed.trained_tokens, 0)
-            self.assertLess(total_logprob(), before - 1e-3)
-        finally:
-            self.model.update(tree_unflatten(before_params))
-
     def test_shared_prompt_update_equals_plain_packing(self):
         """Replies to one prompt, packed with the prompt run once, give the plain packing's log-probs, loss,
         gradient and update, including the reference term (beta > 0) and a second prompt's group."""
@@ -353,9 +188,11 @@ class LossOnTinyModel(unittest.TestCase):
             results.append(policy_update(self.model, optim.SGD(learning_rate=0.1), items, settings))
             params.append({k: np.array(v) for k, v in tree_flatten(self.model.trainable_parameters())})
         plain, shared_result = results
-        self.assertAlmostEqual(plain.loss, shared_result.loss, places=5)
-        self.assertAlmostEqual(plain.grad_norm, shared_result.grad_norm, places=4)
-        self.assertAlmostEqual(plain.kl, shared_result.kl, places=6)
+        # another packing sums in another order: equal up to float32 rounding (the loss, a sum of terms of size
+        # about 1 from normalised advantages, can cancel to near 0)
+        assert_f32_close(self, plain.loss, shared_result.loss, scale=1.0, msg="loss")
+        assert_f32_close(self, plain.grad_norm, shared_result.grad_norm, rtol=1e-4, msg="grad_norm")
+        assert_f32_close(self, plain.kl, shared_result.kl, msg="kl")
         self.assertEqual(plain.trained_tokens, shared_result.trained_tokens)
         for k in params[0]:
             np.testing.assert_allclose(params[0][k], params[1][k], atol=1e-5, err_msg=k)
@@ -374,36 +211,6 @@ class LossOnTinyModel(unittest.TestCase):
         np.testing.assert_allclose(np.array(base), np.array(plain(inputs)), atol=1e-5)
         self.assertGreater(float(mx.abs(with_lora - base).max()), 1e-3)
         np.testing.assert_allclose(np.array(model(inputs)), np.array(with_lora), atol=1e-6)   # scale restored
-
-
-    def test_reference_can_be_the_start_weights(self):
-        """grpo.reference 'start': the KL reference is the model with the LoRA weights it started from."""
-        from wordle_mlx.llm.grpo_loss import lora_swapped, reference_logprobs, snapshot_trainable
-
-        model, tok = tiny_policy(6)
-        for _, m in model.named_modules():
-            if hasattr(m, "lora_b"):
-                m.lora_b = mx.random.normal(m.lora_b.shape) * 0.1
-        start = snapshot_trainable(model)
-        items = sample_items(model, tok, self.prompt, 1, 4, 5, lambda t: t[0] % 3)
-        seqs = [it.sequences[0] for it in items]
-        arrays = batch_arrays(pack_batch(seqs, [0.0] * 4, averaging_weights([sum(q.mask) for q in seqs], "token")))
-        args = (arrays["inputs"], arrays["positions"], arrays["targets"], 1.0)
-        at_start = np.array(selected_logprobs(model, *args))
-        np.testing.assert_allclose(np.array(reference_logprobs(model, arrays, 1.0, start)), at_start, atol=1e-6)
-        for _, m in model.named_modules():                  # "training" moves the LoRA weights
-            if hasattr(m, "lora_b"):
-                m.lora_b = m.lora_b + mx.random.normal(m.lora_b.shape) * 0.1
-        moved = np.array(selected_logprobs(model, *args))
-        self.assertGreater(np.abs(moved - at_start).max(), 1e-3)
-        np.testing.assert_allclose(np.array(reference_logprobs(model, arrays, 1.0, start)), at_start, atol=1e-6)
-        np.testing.assert_allclose(np.array(selected_logprobs(model, *args)), moved, atol=1e-6)   # put back
-        with self.assertRaises(RuntimeError):
-            with lora_swapped(model, start):
-                raise RuntimeError("inside")
-        np.testing.assert_allclose(np.array(selected_logprobs(model, *args)), moved, atol=1e-6)   # also on error
-        base = np.array(reference_logprobs(model, arrays, 1.0))                                  # LoRA off
-        self.assertGreater(np.abs(base - at_start).max(), 1e-3)
 
 
 class ToyReward(unittest.TestCase):
@@ -428,25 +235,8 @@ class Stage(unittest.TestCase):
         self.tmp = tempfile.TemporaryDirectory()
         self.addCleanup(self.tmp.cleanup)
 
-    def test_kl_to_the_start_policy_is_zero_at_the_first_step(self):
-        """grpo.reference 'start' with beta > 0: the first update's policy is the start, so its KL is exactly 0;
-        after updates the KL to the start is positive. The 'base' reference gives the same first KL here (fresh
-        LoRA starts as the base model) and then differs."""
-        kls = {}
-        for reference in ("start", "base"):
-            cfg = stage_config(f"{self.tmp.name}/{reference}", steps=2)
-            cfg = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"beta": 0.05, "reference": reference})})
-            with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
-                stage.run(cfg)
-            kls[reference] = [r["kl"] for r in train_records(Path(self.tmp.name) / reference / "run")]
-        self.assertEqual(kls["start"][0], 0.0)
-        self.assertGreater(kls["start"][1], 0.0)
-        self.assertAlmostEqual(kls["base"][1], kls["start"][1], places=6)   # fresh LoRA: the start is the base
-        with self.assertRaisesRegex(UserError, "grpo.reference"):
-            validate_config({"grpo": {"reference": "sft"}}, stage.GRPOConfig, "x.json")
-
     def test_metrics_checkpoints_and_adapters(self):
-        cfg = stage_config(self.tmp.name, checkpoint_every=2)
+        cfg = stage_config(self.tmp.name, save_every=2)
         result = stage.run(cfg)
         run_dir = Path(self.tmp.name) / "run"
         recs = train_records(run_dir)
@@ -511,7 +301,7 @@ class Stage(unittest.TestCase):
         for key in ("games", "reward_mean", "rewards", "tokens_generated", "lr"):
             self.assertEqual(got[1][key], expected[key], key)
         for key in ("loss", "grad_norm"):
-            self.assertAlmostEqual(got[1][key], expected[key], places=6, msg=key)
+            assert_f32_close(self, got[1][key], expected[key], msg=key)
         runs = [r for _, r in read_jsonl(logs / "run" / "metrics.jsonl") if r["kind"] == "run"]
         self.assertEqual([r["resumed_from_step"] for r in runs], [None, 1])
 
@@ -524,8 +314,9 @@ class Stage(unittest.TestCase):
         cfg = stage_config(self.tmp.name)
         rcfg = stage.rollout_config(cfg, 1.0, 0)
         rewards = Rewards(RewardWeights(length=0.02, early=1.2), answers())
-        out = grpo_step.rollout_turn_mode(model, tok, [GameSpec("crane"), GameSpec("pious", ["slate"])], 4, rcfg,
-                                          frozenset(guess_list()), rewards, BatchedGenerator(model, tok))
+        out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)),
+                                          [GameSpec("crane"), GameSpec("pious", ["slate"])], rcfg,
+                                          frozenset(guess_list()), rewards, GroupSettings(4))
         self.assertEqual(len(out.episodes), 2)
         turns = sum(len(ep.turns) for ep in out.episodes)
         self.assertEqual(len(out.items), 4 * turns)
@@ -547,8 +338,8 @@ class Stage(unittest.TestCase):
         specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
         g = 4
         for mode in ("best", "sampled"):
-            out = grpo_step.rollout_turn_mode(model, tok, specs, g, rcfg, frozenset(guess_list()), rewards,
-                                              BatchedGenerator(model, tok), continue_with=mode)
+            out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg,
+                                              frozenset(guess_list()), rewards, GroupSettings(g, mode))
             groups = [out.items[k:k + g] for k in range(0, len(out.items), g)]
             replies = [out.replies[k:k + g] for k in range(0, len(out.replies), g)]
             played = [(t.prompt_tokens, t.completion_tokens) for ep in out.episodes for t in ep.turns]
@@ -562,8 +353,7 @@ class Stage(unittest.TestCase):
                 picks.append((group_replies[chosen].prompt_tokens, group_replies[chosen].completion_tokens))
             self.assertEqual(sorted(picks), sorted(played), mode)
         with self.assertRaises(ValueError):
-            grpo_step.rollout_turn_mode(model, tok, specs, g, rcfg, frozenset(guess_list()), rewards,
-                                        BatchedGenerator(model, tok), continue_with="argmax")
+            GroupSettings(g, "argmax")
 
     def test_turn_mode_greedy_plays_the_games_greedy_eval_plays(self):
         """continue_with='greedy': every trajectory is the game greedy evaluation plays (same replies, errors
@@ -577,8 +367,8 @@ class Stage(unittest.TestCase):
         rewards = Rewards(RewardWeights(early=1.2), answers())
         specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
         allowed = frozenset(guess_list())
-        out = grpo_step.rollout_turn_mode(model, tok, specs, 4, rcfg, allowed, rewards,
-                                          BatchedGenerator(model, tok), continue_with="greedy")
+        out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg, allowed,
+                                          rewards, GroupSettings(4, "greedy"))
         greedy = play_games(model, tok, specs, rcfg.model_copy(update={"temperature": 0.0}), allowed,
                             generate_fn=BatchedGenerator(model, tok))
         self.assertEqual([[(t.completion_tokens, t.error) for t in ep.turns] for ep in out.episodes],
@@ -600,8 +390,8 @@ class Stage(unittest.TestCase):
         rewards = Rewards(RewardWeights(early=1.2), answers())
         specs = [GameSpec("crane"), GameSpec("pious", ["slate"])]
         allowed = frozenset(guess_list())
-        out = grpo_step.rollout_turn_mode(model, tok, specs, 4, rcfg, allowed, rewards,
-                                          BatchedGenerator(model, tok), continue_with="greedy", train_greedy=True)
+        out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg, allowed,
+                                          rewards, GroupSettings(4, "greedy", train_greedy=True))
         played = [t for ep in out.episodes for t in ep.turns]
         self.assertEqual(len(out.items), 5 * len(played))
         self.assertEqual(len(out.replies), 4 * len(played))
@@ -616,14 +406,13 @@ class Stage(unittest.TestCase):
             self.assertEqual(len(seq.logprobs), len(seq.tokens))
             self.assertTrue(all(math.isfinite(x) and x <= 0 for x in seq.logprobs))
         with self.assertRaises(ValueError):
-            grpo_step.rollout_turn_mode(model, tok, specs, 4, rcfg, allowed, rewards, BatchedGenerator(model, tok),
-                                        continue_with="best", train_greedy=True)
+            GroupSettings(4, "best", train_greedy=True)
 
     def test_sgd_moves_the_weights_by_the_learning_rate_times_the_clipped_gradient(self):
         """optimizer 'sgd': one step moves the LoRA weights by exactly lr * min(grad_norm, max_grad_norm), in norm
-        (AdamW would move every weight by about lr); its momentum state is checkpointed like AdamW's moments."""
-        cfg = stage_config(self.tmp.name, steps=1, optimizer="sgd", momentum=0.5, learning_rate=0.05,
-                           min_learning_rate=0.05, max_grad_norm=0.5, checkpoint_every=1)
+        (AdamW would move every weight by about lr); its state is checkpointed like AdamW's moments."""
+        cfg = stage_config(self.tmp.name, steps=1, optimizer="sgd", learning_rate=0.05,
+                           min_lr_ratio=1.0, max_grad_norm=0.5, save_every=1)
         mx.random.seed(cfg.training.seed)
         start = dict(tree_flatten(stage.load_policy(cfg)[0].trainable_parameters()))
         with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
@@ -633,100 +422,20 @@ class Stage(unittest.TestCase):
         self.assertGreater(rec["grad_norm"], 0.0)
         after = mx.load(str(run_dir / "adapters" / "adapters.safetensors"))
         moved = math.sqrt(sum(float(((after[k] - start[k]) ** 2).sum()) for k in start))
-        self.assertAlmostEqual(moved, 0.05 * min(rec["grad_norm"], 0.5), places=5)
+        assert_f32_close(self, moved, 0.05 * min(rec["grad_norm"], 0.5), rtol=1e-4)   # a norm of float32 differences
         state = mx.load(str(run_dir / "checkpoints" / "step_000001" / "optimizer.safetensors"))
         self.assertEqual({k.rsplit(".", 1)[1] for k in state if k != "step" and k != "learning_rate"}, {"v"})
         self.assertIsInstance(stage.make_optimizer(cfg)[0], optim.SGD)
 
-    def write_anchor_data(self, stats_prompt=None, name: str = "anchor") -> Path:
-        folder = Path(self.tmp.name) / name
-        folder.mkdir()
-        lines = []
-        for i, word in enumerate(["crane", "slate", "pious", "brine", "dumpy"]):
-            lines.append(json.dumps({"messages": [{"role": "user", "content": f"Board {i}: guess."},
-                                                  {"role": "assistant", "content": f"<guess>{word}</guess>"}]}))
-        (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
-        if stats_prompt is not None:
-            (folder / "stats.json").write_text(json.dumps({"prompt": stats_prompt}))
-        return folder
-
-    def test_anchor_adds_the_weighted_sft_gradient(self):
-        """anchor: with equal rewards (no GRPO gradient), SGD and no clipping, a step moves the LoRA weights by
-        exactly -lr x weight x the SFT cross-entropy gradient of the batch the anchor draws for step 1, which is
-        computed here independently with the `sft` stage's functions; the metrics log its loss."""
-        from wordle_mlx.llm.sft_loss import loss_sum
-        from wordle_mlx.stages.data import read_sft_jsonl
-        from wordle_mlx.stages.sft import batch_at, make_batches, mean_gradient, tokenize
-        import mlx.nn as nn
-        from types import SimpleNamespace
-        folder = self.write_anchor_data()
-        cfg = stage_config(self.tmp.name, steps=1, optimizer="sgd", learning_rate=0.05, min_learning_rate=0.05,
-                           max_grad_norm=0.0)
-        cfg = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={
-            "data": str(folder), "weight": 0.5, "batch_size": 2, "seed": 7})})
-        mx.random.seed(cfg.training.seed)
-        model, tok, _ = stage.load_policy(cfg)
-        start = dict(tree_flatten(model.trainable_parameters()))
-        layout = SimpleNamespace(batch_size=2, pad_to=32, max_seq_length=1024, share_prefix=True)
-        batches = make_batches(tokenize(read_sft_jsonl(folder / "train.jsonl"), tok, folder), layout)
-        model.train()
-        grads, total, count, _ = mean_gradient(model, nn.value_and_grad(model, loss_sum),
-                                               [batches[batch_at(0, len(batches), 7)]])
-        expected = {k: start[k] - 0.05 * 0.5 * g for k, g in tree_flatten(grads)}
-
-        def equal_rewards(*args, **kwargs):
-            out = REAL_ROLLOUT(*args, **kwargs)
-            for item in out.items:
-                item.reward = 1.0
-            return out
-        with mock.patch.object(grpo_step, "rollout_episode_mode", equal_rewards):
-            stage.run(cfg)
-        run_dir = Path(self.tmp.name) / "run"
-        (rec,) = train_records(run_dir)
-        self.assertEqual(rec["skipped_groups"], 2)               # every group dead: only the anchor moves weights
-        self.assertAlmostEqual(rec["anchor_loss"], total / count, places=5)
-        after = mx.load(str(run_dir / "adapters" / "adapters.safetensors"))
-        moved = max(float(mx.abs(after[k] - start[k]).max()) for k in start)
-        self.assertGreater(moved, 1e-6)
-        for k in expected:
-            np.testing.assert_allclose(np.array(after[k]), np.array(expected[k]), atol=1e-6, err_msg=k)
-
-    def test_anchor_errors_name_the_folder(self):
-        cfg = stage_config(self.tmp.name, steps=1)
-        missing = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={"data": f"{self.tmp.name}/none"})})
-        with self.assertRaisesRegex(UserError, "anchor.data: .*none has no train.jsonl"):
-            stage.run(missing)
-        folder = self.write_anchor_data({"require_think": False, "style": "compact"})
-        other = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={"data": str(folder)})})
-        with self.assertRaisesRegex(UserError, "anchor.data: .*stats.json prompt .* differs from the rollout prompt"):
-            stage.run(other)
-        broken = self.write_anchor_data({"style": "huge"}, "broken")
-        bad = cfg.model_copy(update={"anchor": cfg.anchor.model_copy(update={"data": str(broken)})})
-        with self.assertRaisesRegex(UserError, "anchor.data: .*stats.json: prompt .*'huge'.* is not a prompt config"):
-            stage.run(bad)
-        with self.assertRaisesRegex(UserError, "anchor.weight"):
-            validate_config({"anchor": {"weight": -1}}, stage.GRPOConfig, "x.json")
-
-    def test_momentum_is_an_sgd_setting(self):
-        with self.assertRaisesRegex(UserError, "x.json.*training.*momentum is for optimizer 'sgd', got optimizer "
-                                               "'adamw'"):
-            validate_config({"training": {"momentum": 0.9}}, stage.GRPOConfig, "x.json")
-        with self.assertRaisesRegex(UserError, "x.json.*training.optimizer.*'adam'"):
-            validate_config({"training": {"optimizer": "adam"}}, stage.GRPOConfig, "x.json")
-        ok = validate_config({"training": {"optimizer": "sgd", "momentum": 0.9}}, stage.GRPOConfig, "x.json")
-        self.assertEqual((ok.training.optimizer, ok.training.momentum), ("sgd", 0.9))
-
     def test_train_greedy_config_needs_turn_mode_with_greedy_continuation(self):
-        with self.assertRaisesRegex(UserError, "x.json.*rl.*train_greedy needs mode 'turn' and turn_continue 'greedy'"):
+        with self.assertRaisesRegex(UserError, "x.json.*rl.*train_greedy needs turn_continue 'greedy'"):
             validate_config({"rl": {"mode": "turn", "turn_continue": "best", "train_greedy": True}},
                             stage.GRPOConfig, "x.json")
         ok = validate_config({"rl": {"mode": "turn", "turn_continue": "greedy", "train_greedy": True}},
                              stage.GRPOConfig, "x.json")
-        self.assertTrue(ok.rl.train_greedy)
-
-
-if __name__ == "__main__":
-    unittest.main()
+        self.assertTrue(ok.rl.trains_greedy)
+        episode = validate_config({"rl": {"mode": "episode"}}, stage.GRPOConfig, "x.json")
+        self.assertFalse(episode.rl.trains_greedy)      # the default train_greedy applies in turn mode only
 
 
 class StartFromAdapter(unittest.TestCase):
@@ -738,7 +447,7 @@ class StartFromAdapter(unittest.TestCase):
             apply_lora(model, -1, params)
             save_adapters(Path(tmp) / "sft", model, adapter_config(-1, params, "builtin:tiny-random"))
             cfg = stage_config(tmp)
-            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"adapter": str(Path(tmp) / "sft")})})
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"start_adapter": str(Path(tmp) / "sft")})})
             policy, _, acfg = stage.load_policy(cfg)
             layers = [m for _, m in policy.named_modules() if hasattr(m, "lora_a")]
             self.assertTrue(layers)
@@ -760,8 +469,8 @@ class StartFromAdapter(unittest.TestCase):
             start = mx.load(str(Path(tmp) / "sft" / "adapters.safetensors"))
             blocks = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in start})
             self.assertGreater(len(blocks), 1)
-            data = stage_config(tmp, steps=2, checkpoint_every=1).model_dump()
-            data["model"]["adapter"] = str(Path(tmp) / "sft")
+            data = stage_config(tmp, steps=2, save_every=1).model_dump()
+            data["model"]["start_adapter"] = str(Path(tmp) / "sft")
             data["lora"]["train_layers"] = 1
             cfg = validate_config(data, stage.GRPOConfig, "test")
             with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
@@ -784,6 +493,10 @@ class StartFromAdapter(unittest.TestCase):
             after = mx.load(str(Path(tmp) / "run" / "adapters" / "adapters.safetensors"))
             self.assertTrue(all(mx.array_equal(start[k], after[k]).item() for k in start if last not in k))
             self.assertTrue(any(not mx.array_equal(end[k], after[k]).item() for k in start if last in k))
-            data["model"]["adapter"] = None
-            with self.assertRaisesRegex(UserError, "lora.train_layers = 1 needs model.adapter"):
+            data["model"]["start_adapter"] = None
+            with self.assertRaisesRegex(UserError, "lora.train_layers = 1 needs model.start_adapter"):
                 validate_config(data, stage.GRPOConfig, "test")
+
+
+if __name__ == "__main__":
+    unittest.main()

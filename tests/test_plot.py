@@ -25,7 +25,7 @@ from wordle_mlx.errors import UserError
 from wordle_mlx.plots.runlog import load_run
 from wordle_mlx.plots.stats import (centered_mean, cumulative_wins, is_noisy, markdown_table, mcnemar_exact_p,
                                     outcome_histogram, paired_counts, rolling_win_rate, wilson_interval)
-from wordle_mlx.stages.plot import PlotConfig, parse_list_options, run
+from wordle_mlx.stages.plot import PlotConfig, list_option_values, run
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPONENTS = ("win", "early", "format", "valid", "consistent", "info_gain", "repeat", "length")
@@ -327,12 +327,19 @@ class TestCommandLine(unittest.TestCase):
         self.tmp = Path(tempfile.mkdtemp())
 
     def test_list_options(self):
-        parsed = parse_list_options(["--compare", "a", "b", "--labels", "x", "--labels=y"])
-        self.assertEqual(parsed, {"--compare": ["a", "b"], "--labels": ["x", "y"]})
-        with self.assertRaisesRegex(UserError, "unknown option '--windo'"):
-            parse_list_options(["--windo", "3"])
+        argv = ["plot", "--compare", "a", "b", "--out", "o", "--labels", "x", "--labels=y", "z"]
+        parsed = list_option_values(argv, ["b", "z"])
+        self.assertEqual(parsed, {"--compare": ["a", "b"], "--labels": ["x", "y", "z"]})
+        with self.assertRaisesRegex(UserError, "unexpected argument '--windo'"):
+            list_option_values(["plot", "--windo", "3"], ["--windo", "3"])
         with self.assertRaisesRegex(UserError, "unexpected argument 'a'"):
-            parse_list_options(["a"])
+            list_option_values(["plot", "a"], ["a"])
+
+    def test_help_shows_compare_and_labels(self):
+        result = CliRunner().invoke(app, ["plot", "--help"], terminal_width=200)
+        self.assertEqual(result.exit_code, 0, result.output)
+        for option in ("--compare", "--labels", "--with-baselines", "--window"):
+            self.assertIn(option, result.output)
 
     def test_cli_runner_json_and_empty_file(self):
         path = write_jsonl(self.tmp / "metrics.jsonl", make_metrics(steps=4, valid_every=2))

@@ -11,7 +11,7 @@ import numpy as np
 from wordle_mlx.game.words import guess_list
 from wordle_mlx.llm.generation import BatchedGenerator, Completion, SamplingConfig, policy_logprobs
 from wordle_mlx.llm.models import load_model
-from wordle_mlx.llm.prompts import MISSING_GUESS, NOT_A_WORD, NOT_FIVE_LETTERS
+from wordle_mlx.llm.prompts import MISSING_GUESS, NOT_A_WORD, NOT_FIVE_LETTERS, PromptConfig
 from wordle_mlx.llm.rollout import (GameSpec, RolloutConfig, play_games, policy_logprob_temperature,
                                     prompt_token_ids, sample_replies)
 
@@ -144,8 +144,8 @@ class TestEngineRules(unittest.TestCase):
 
     def test_seeded_history_is_on_the_board(self):
         backend = Scripted(self.tok, [[reply("crane")]])
-        ep = play_games(None, self.tok, [GameSpec("crane", ["slate", "brine"], group=3)], RolloutConfig(), ALLOWED,
-                        generate_fn=backend)[0]
+        ep = play_games(None, self.tok, [GameSpec("crane", ["slate", "brine"], group=3)],
+                        RolloutConfig(prompt=PromptConfig(style="full")), ALLOWED, generate_fn=backend)[0]
         self.assertEqual(ep.seeded, ["slate", "brine"])
         self.assertEqual(ep.state.guesses, ["slate", "brine", "crane"])
         self.assertEqual(ep.model_guesses, ["crane"])

@@ -1,6 +1,6 @@
 """scripts/ship_adapter.py: the folder it writes (adapter, recipe configs in order, data seed, eval JSON) and
-its refusals (a missing adapter file, a missing data folder), which leave no folder behind; a DAgger or
-self-choice round whose folder is gone contributes the secrets its seed plays.
+its refusals (a missing adapter file, a missing data folder), which leave no folder behind; a self-play
+round whose folder is gone contributes the secrets its seed plays.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import unittest
 from pathlib import Path
 
 from wordle_mlx.game.splits import split_answers
-from wordle_mlx.stages.dagger import secrets_for
+from wordle_mlx.stages.choice import secrets_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ship_adapter.py"
@@ -69,6 +69,21 @@ class ShipAdapterTest(unittest.TestCase):
         self.assertTrue((self.out / "eval_grpo_greedy.json").is_file())
         self.assertEqual([p.name for p in self.root.iterdir() if p.name.startswith(".shipped")], [])
 
+    def test_sft_config_flags_are_recorded_applied(self):
+        """A pass run as `sft --config FILE --seed 2 ...` is recorded as FILE with the flags applied; a start
+        adapter given relative to the working folder is recorded relative to the config's folder."""
+        (self.root / "cfg").mkdir()
+        more = write_json(self.root / "cfg" / "more.json", {"steps": 120, "seed": 0, "run_name": "a"})
+        start = self.root / "logs" / "prev" / "adapters"
+        proc = self.ship("--sft-config", f"{more} --seed 2 --run-name b --start-adapter {start} --steps 240")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        recorded = json.loads((self.out / "recipe" / "sft_2.json").read_text())
+        self.assertEqual(recorded, {"steps": 240, "seed": 2, "run_name": "b", "start_adapter": "../logs/prev/adapters"})
+        proc = self.ship("--sft-config", f"{more} --lr 2")
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("unknown flag --lr", proc.stderr)
+        self.assertEqual(json.loads((self.out / "recipe" / "sft_2.json").read_text()), recorded)   # left as it was
+
     def test_one_grpo_config_keeps_its_plain_name(self):
         proc = self.ship("--grpo-config", str(self.grpo_cfgs[0]))
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -86,16 +101,6 @@ class ShipAdapterTest(unittest.TestCase):
             played = set(secrets_for(splits[split], n, 7, split))
             self.assertEqual(set(seed["secrets"][split]), own | played, split)
         self.assertTrue((self.out / "recipe" / "choice_1.json").is_file())
-
-    def test_a_gone_dagger_round_uses_the_dagger_defaults(self):
-        dagger_cfg = write_json(self.root / "dagger.json", {"out": "gone", "seed": 2, "valid_games": 4})
-        proc = self.ship("--dagger-config", str(dagger_cfg))
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        splits = split_answers()
-        seed = json.loads((self.out / "data_seed.json").read_text())
-        played = set(secrets_for(splits["train"], 400, 2, "train"))   # DaggerConfig's train_games default
-        self.assertEqual(set(seed["secrets"]["train"]), {"cigar", "rebut"} | played)
-        self.assertEqual(set(seed["secrets"]["valid"]), {"sissy"} | set(secrets_for(splits["valid"], 4, 2, "valid")))
 
     def test_missing_adapter_file_is_refused(self):
         (self.adapter / "adapter_config.json").unlink()

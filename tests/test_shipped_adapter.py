@@ -17,7 +17,7 @@ from pathlib import Path
 
 from wordle_mlx.config import load_config
 from wordle_mlx.game.splits import split_answers
-from wordle_mlx.stages import choice, dagger, data
+from wordle_mlx.stages import choice, data
 from wordle_mlx.stages.entropy import load_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,17 +64,15 @@ class ShippedDataSeedTest(unittest.TestCase):
                 self.assertTrue(regenerated <= set(self.seed["secrets"][split]), (i, split))
 
     def test_on_policy_rounds_played_only_shipped_secrets(self):
-        """Each DAgger or self-choice round's secrets (a seeded shuffle of the split) are in the shipped seed,
-        so the split check above covers them; a recipe with dagger_N.json / choice_N.json files must list
-        their configs."""
+        """Each self-play round's secrets (a seeded shuffle of the split) are in the shipped seed, so the split
+        check above covers them; a recipe with choice_N.json files must list their configs."""
         splits = split_answers()
-        for kind, config in (("dagger", dagger.DaggerConfig), ("choice", choice.ChoiceConfig)):
-            rounds = sorted((SHIPPED / "recipe").glob(f"{kind}_*.json"))
-            self.assertEqual(len(self.seed.get(f"{kind}_configs", [])), len(rounds), kind)
-            for cfg_dict in self.seed.get(f"{kind}_configs", []):
-                cfg = config(**cfg_dict)  # its defaults for what the file leaves out
-                for split, played in dagger.played_secrets(cfg, splits).items():
-                    self.assertTrue(set(played) <= set(self.seed["secrets"][split]), (kind, split))
+        rounds = sorted((SHIPPED / "recipe").glob("choice_*.json"))
+        self.assertEqual(len(self.seed.get("choice_configs", [])), len(rounds))
+        for cfg_dict in self.seed.get("choice_configs", []):
+            cfg = choice.ChoiceConfig(**cfg_dict)  # its defaults for what the file leaves out
+            for split, played in choice.played_secrets(cfg, splits).items():
+                self.assertTrue(set(played) <= set(self.seed["secrets"][split]), split)
 
 
 class ShippedAdapterTest(unittest.TestCase):

@@ -81,59 +81,9 @@ class GemmaConstraintTest(unittest.TestCase):
         self.assertIn(qword, set(WORDS))
         self.assertTrue(qword.startswith("q"))
 
-    def test_allowed_letter_targets_follow_the_trie_along_the_label(self):
-        from pathlib import Path
-
-        from wordle_mlx.stages.sft import tokenize
-
-        def record(word):
-            return {"messages": [{"role": "system", "content": "Wordle."}, {"role": "user", "content": "No clues yet."},
-                                 {"role": "assistant", "content": f"<guess> {' '.join(word)}</guess>"}]}
-
-        (tokens, offset, sets), = tokenize([record("crane")], self.tok, Path("x"), "allowed")
-        self.assertEqual(sorted(sets), list(range(min(sets), min(sets) + 5)))
-        for k, (index, ids) in enumerate(sorted(sets.items())):
-            self.assertGreater(index, offset)
-            self.assertEqual(self.template.letter_of[tokens[index]], "crane"[k])      # the label's own letter
-            self.assertEqual({self.template.letter_of[t] for t in ids}, set(self.trie["crane"[:k]]))
-        self.assertEqual(len(tokenize([record("crane")], self.tok, Path("x"))[0]), 2)  # 'label': no sets
-        with self.assertRaisesRegex(UserError, r"x: record 2: .*allowed guess.*c r a n x"):
-            tokenize([record("slate"), record("cranx")], self.tok, Path("x"), "allowed")
-
-    def test_rejected_reply_example_stops_at_the_first_letter_no_word_continues(self):
-        from pathlib import Path
-
-        from wordle_mlx.stages.sft import tokenize
-
-        def record(word, error=None):
-            meta = {"retry_error": error} if error else {}
-            return {"messages": [{"role": "system", "content": "Wordle."}, {"role": "user", "content": "Try again."},
-                                 {"role": "assistant", "content": f"<guess> {' '.join(word)}</guess>"}], "meta": meta}
-
-        bad = "slatz" if "slatz" not in WORDS else "qzzzz"
-        records = [record("crane"), record("crate", ["not_a_word", bad]), record("slate", ["not_five_letters", "sla"])]
-        seqs = tokenize(records, self.tok, Path("x"), "label", 0.5)
-        self.assertEqual([len(q) for q in seqs], [2, 2, 4, 2])        # one rejected-reply example, after its record
-        (label, offset), (tokens, prompt_len, sets, marked) = seqs[1], seqs[2]
-        self.assertEqual(tokens[:prompt_len], label[:offset])        # the same prompt
-        self.assertEqual((sets, list(marked.values())), ({}, [0.5]))
-        (index,) = marked
-        self.assertEqual(index, len(tokens) - 1)
-        spelled = "".join(self.template.letter_of[t] for t in tokens[prompt_len + 3:])
-        self.assertEqual(spelled, bad[:len(spelled)])
-        self.assertNotIn(spelled, self.trie)                         # the marked letter leaves the words ...
-        self.assertIn(spelled[:-1], self.trie)                       # ... that its earlier letters begin
-        self.assertEqual([len(q) for q in tokenize(records, self.tok, Path("x"))], [2, 2, 2])   # weight 0: off
-        with self.assertRaisesRegex(UserError, r"x: record 1: meta.retry_error: 'crane' is an allowed guess"):
-            tokenize([record("slate", ["not_a_word", "crane"])], self.tok, Path("x"), "label", 1.0)
-        with self.assertRaisesRegex(UserError, r"x: record 1: meta.retry_error: expected a 5-letter"):
-            tokenize([record("slate", ["not_a_word", "CRANE!"])], self.tok, Path("x"), "label", 1.0)
-        with self.assertRaisesRegex(UserError, r"x: record 1: meta.retry_error: expected \[error kind, reply\]"):
-            tokenize([record("slate", "not_a_word")], self.tok, Path("x"), "label", 1.0)
-
     def test_word_format_is_refused(self):
         model, tok = load_model("builtin:tiny-random")
-        cfg = RolloutConfig(constrain=True, max_tokens_per_turn=4, prompt=PromptConfig(require_think=False))
+        cfg = RolloutConfig(constrain=True, max_tokens_per_turn=4, prompt=PromptConfig(guess_format="word"))
         with self.assertRaisesRegex(UserError, "needs guess_format 'letters'"):
             play_games(model, tok, [GameSpec("crane")], cfg, WORDS)
 

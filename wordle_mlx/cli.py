@@ -21,9 +21,13 @@ from .errors import UserError
 from .stop_signals import EXIT_CODES
 
 
-
 class _Commands(typer.core.TyperGroup):
-    """Turns a UserError from any command into one line on stderr and exit code 2."""
+    """Turns a UserError from any command into one line on stderr and exit code 2, and keeps the command line's
+    words (`ctx.meta["argv"]`) for options that take several values (`plot --compare A B`)."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta.setdefault("argv", list(args))
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
         try:
@@ -91,38 +95,42 @@ def solve(word: Annotated[Optional[str], typer.Option("--word", help="Play one g
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def plot(ctx: typer.Context,
-         file: Annotated[Optional[Path], typer.Option("--file", "-f", help="A run's metrics.jsonl.")] = None,
+         file: Annotated[Optional[Path], typer.Option("--file", "-f", help="A run's metrics.jsonl: its training charts.")] = None,
+         compare: Annotated[Optional[list[str]], typer.Option("--compare", help="Eval JSON files to compare: --compare A B C (several values, or repeat the option).")] = None,
+         labels: Annotated[Optional[list[str]], typer.Option("--labels", help="Series names for --compare, in its order: --labels a b c (default: the file names).")] = None,
          out: Annotated[Optional[Path], typer.Option(help="Output folder (default: plots/ beside the input).")] = None,
          window: Annotated[int, typer.Option(help="Games in the rolling win-rate window.")] = 50,
          with_baselines: Annotated[bool, typer.Option("--with-baselines", help="Add eval JSON baselines as series.")] = False,
          json_output: JsonFlag = False) -> None:
-    """PNG charts of a run (--file), or compare runs / eval JSONs: --compare A B ... [--labels L1 L2 ...]."""
+    """PNG charts of a run (--file), or compare eval JSONs (--compare A B ... [--labels L1 L2 ...])."""
     from .stages import plot as stage
-    lists = stage.parse_list_options(ctx.args)
+    lists = stage.list_option_values(ctx.meta.get("argv", []), ctx.args)
     cfg = load_config(None, stage.PlotConfig, {
-        "file": str(file) if file else None, "compare": lists["--compare"] or None, "labels": lists["--labels"] or None,
+        "file": str(file) if file else None, "compare": lists["--compare"] or compare or None,
+        "labels": lists["--labels"] or labels or None,
         "out": str(out) if out else None, "window": window, "with_baselines": with_baselines, "json_output": json_output})
     emit(stage.run(cfg), json_output)
 
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model spec: builtin:gemma-3-270m, builtin:tiny-random, HF id or folder.")]
-AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder.")]
+AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder to load (its recorded prompt and reply format apply) (default: none, the base model).")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply (default: what the reply format needs: 16 without a think block, 256 with one).")]
 
 
 @app.command(name="eval")
 def eval_command(config: ConfigOpt = None,
-                 model: Annotated[Optional[str], typer.Option("--model", help="Model spec (default builtin:gemma-3-270m).")] = None,
+                 model: Annotated[Optional[str], typer.Option("--model", help="Model spec (default: builtin:gemma-3-270m).")] = None,
                  adapter: AdapterOpt = None,
-                 games: Annotated[Optional[int], typer.Option("--games", help="Play the first N words of the split.")] = None,
-                 split: Annotated[Optional[str], typer.Option("--split", help="test, valid or train.")] = None,
-                 history: Annotated[Optional[str], typer.Option("--history", help="none or seeded.")] = None,
-                 temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy.")] = None,
-                 seed: Annotated[Optional[int], typer.Option("--seed")] = None,
-                 max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply.")] = None,
-                 out: Annotated[Optional[Path], typer.Option("--out", help="Write the eval JSON here.")] = None,
+                 games: Annotated[Optional[int], typer.Option("--games", help="Play the first N words of the split (default: 200).")] = None,
+                 split: Annotated[Optional[str], typer.Option("--split", help="test, valid or train (default: test).")] = None,
+                 history: Annotated[Optional[str], typer.Option("--history", help="none (empty boards) or seeded (boards with earlier guesses) (default: none).")] = None,
+                 temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature; 0 = greedy (default: 0).")] = None,
+                 seed: Annotated[Optional[int], typer.Option("--seed", help="Sampling and seeded-board seed (default: 0).")] = None,
+                 max_tokens: MaxTokensOpt = None,
+                 out: Annotated[Optional[Path], typer.Option("--out", help="Write the eval JSON here (default: print only).")] = None,
                  no_baselines: Annotated[bool, typer.Option("--no-baselines", help="Skip solver/base-model baselines.")] = False,
                  constrain: Annotated[bool, typer.Option("--constrain", help="Letters format: replies can only spell allowed words.")] = False,
-                 timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds for the whole eval.")] = None,
+                 timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds for the whole eval (default: no limit).")] = None,
                  no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
                  json_output: JsonFlag = False) -> None:
     """Play held-out words with a model; win rate, errors and throughput vs the solver (and base model)."""
@@ -140,11 +148,11 @@ def eval_command(config: ConfigOpt = None,
 
 @app.command()
 def play(model: ModelOpt = "builtin:gemma-3-270m", adapter: AdapterOpt = None,
-         secret: Annotated[Optional[str], typer.Option("--secret", help="The secret word (default: a test word).")] = None,
+         secret: Annotated[Optional[str], typer.Option("--secret", help="The secret word (default: a test word picked by --seed).")] = None,
          seed: Annotated[int, typer.Option("--seed", help="Picks the test word when --secret is not given.")] = 0,
          human: Annotated[bool, typer.Option("--human", help="You play; type ? for model and solver hints.")] = False,
-         temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
-         max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max tokens per reply.")] = 256,
+         temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature; 0 = greedy.")] = 0.0,
+         max_tokens: MaxTokensOpt = None,
          constrain: Annotated[bool, typer.Option("--constrain", help="Letters format: replies can only spell allowed words.")] = False,
          json_output: JsonFlag = False) -> None:
     """Watch a model play one game (reasoning and tiles), or play yourself with --human."""
@@ -156,104 +164,114 @@ def play(model: ModelOpt = "builtin:gemma-3-270m", adapter: AdapterOpt = None,
     emit(stage.run(cfg), json_output)
 
 
+RunName = Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir (overrides run_name).")]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides the config's).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run folder of the same name.")]
+StartAdapter = Annotated[Optional[Path], typer.Option("--start-adapter", help="Start from this adapter folder's LoRA weights (overrides the config's start_adapter).")]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+TrainModel = Annotated[Optional[str], typer.Option("--model", help="Base model spec (overrides the config's) (default: builtin:gemma-3-270m).")]
+SFT_ADAPTER = Path("logs/sft/adapters")      # where `wordle-mlx sft` with no config writes its adapter
+
+
 @app.command()
 def train(config: ConfigOpt = None,
           resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
-          steps: Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides training.steps).")] = None,
-          run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,
-          adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Start from this SFT adapter folder (overrides model.adapter).")] = None,
-          overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run folder.")] = False,
-          no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
+          steps: Steps = None, run_name: RunName = None, start_adapter: StartAdapter = None,
+          model: TrainModel = None, overwrite: Overwrite = False, no_progress: NoProgress = False,
           json_output: JsonFlag = False) -> None:
-    """GRPO: play full games every step and update a LoRA adapter (metrics, checkpoints, adapters in logs/<run>)."""
+    """GRPO: play games every step and update a LoRA adapter (metrics, checkpoints, adapters in logs/<run>).
+
+    With no --config, the defaults are the 270M recipe's last GRPO stage, starting from logs/sft/adapters (what
+    `wordle-mlx sft` writes with no config) unless --start-adapter says otherwise."""
     from .stages import grpo as stage
-    if config is None and resume is None:
-        raise UserError("train: give --config FILE (or --resume logs/<run>)")
-    cfg = load_config(config if config is not None else resume / "config.json", stage.GRPOConfig, {
-        "training.steps": steps, "run_name": run_name, "model.adapter": str(adapter.resolve()) if adapter else None, "resume": str(resume) if resume else None,
-        "overwrite": overwrite or None, "progress": False if no_progress else None})
+    source = config if config is not None or resume is None else resume / "config.json"
+    if source is None and start_adapter is None:
+        if not SFT_ADAPTER.is_dir():
+            raise UserError(f"train: no --config and no {SFT_ADAPTER} (run `wordle-mlx sft` first, or pass "
+                            "--start-adapter DIR or --config FILE)")
+        start_adapter = SFT_ADAPTER
+    cfg = load_config(source, stage.GRPOConfig, {
+        "training.steps": steps, "run_name": run_name, "model.name": model,
+        "model.start_adapter": str(start_adapter.resolve()) if start_adapter else None,
+        "resume": str(resume) if resume else None, "overwrite": overwrite or None,
+        "progress": False if no_progress else None})
     result = stage.run(cfg)
     emit(result, json_output)
     exit_if_stopped(result)
 
 
-NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+data_app = typer.Typer(cls=_Commands, help="Make SFT data: solver data (no subcommand), self-play or answer coverage.")
+app.add_typer(data_app, name="data")
+Out = Annotated[Optional[Path], typer.Option("--out", help="Output folder (overrides the config's out).")]
 
 
-@app.command(name="data")
-def data_command(config: ConfigOpt = None,
-                 mode: Annotated[Optional[str], typer.Option("--mode", help="sft (chat JSONL) or rl (seeded boards).")] = None,
-                 out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
-                 seed: Annotated[Optional[int], typer.Option("--seed")] = None,
-                 tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Model spec whose tokenizer counts target tokens.")] = None,
+@data_app.callback(invoke_without_command=True)
+def data_command(ctx: typer.Context, config: ConfigOpt = None, out: Out = None,
+                 seed: Annotated[Optional[int], typer.Option("--seed", help="Data seed (overrides seed) (default: 0).")] = None,
+                 train_examples: Annotated[Optional[int], typer.Option("--train-examples", help="Seeded train examples (default: 10000).")] = None,
+                 valid_examples: Annotated[Optional[int], typer.Option("--valid-examples", help="Seeded valid examples (default: 300).")] = None,
+                 tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Model spec whose tokenizer counts target tokens (default: characters / 4).")] = None,
                  no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
-    """Synthetic SFT/RL data: history-seeded boards, the solver as teacher, replay-checked."""
+    """Synthetic SFT data (no subcommand): history-seeded boards, the solver as teacher, replay-checked; writes
+    data/sft by default. Subcommands make data from a trained adapter's own play."""
+    if ctx.invoked_subcommand is not None:
+        return
     from .stages import data as stage
     cfg = load_config(config, stage.DataConfig, {
-        "mode": mode, "out": str(out.resolve()) if out else None, "seed": seed, "tokenizer": tokenizer,
-        "progress": False if no_progress else None})
+        "out": str(out.resolve()) if out else None, "seed": seed, "train_examples": train_examples,
+        "valid_examples": valid_examples, "tokenizer": tokenizer, "progress": False if no_progress else None})
     emit(stage.run(cfg), json_output)
 
 
-@app.command()
-def dagger(config: ConfigOpt = None,
-           adapter: AdapterOpt = None,
-           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
-           train_games: Annotated[Optional[int], typer.Option("--train-games", help="Games on train secrets.")] = None,
-           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
-    """SFT data on the boards the model reaches itself, with the teacher's replies (one DAgger round)."""
-    from .stages import dagger as stage
-    cfg = load_config(config, stage.DaggerConfig, {
-        "adapter": str(Path(adapter).resolve()) if adapter else None, "out": str(out.resolve()) if out else None,
-        "train_games": train_games, "progress": False if no_progress else None})
-    emit(stage.run(cfg), json_output)
-
-
-@app.command()
-def choice(config: ConfigOpt = None,
-           adapter: AdapterOpt = None,
-           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
-           train_games: Annotated[Optional[int], typer.Option("--train-games", help="Train secrets played (default: all).")] = None,
-           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
-    """SFT data from self-play where each board's label is the fitting answer the model scores highest."""
+@data_app.command(name="self-play")
+def self_play(config: ConfigOpt = None,
+              adapter: Annotated[Optional[Path], typer.Option("--adapter", help="LoRA adapter whose choices label the boards (overrides adapter).")] = None,
+              out: Out = None,
+              train_games: Annotated[Optional[int], typer.Option("--train-games", help="Train secrets played (default: all).")] = None,
+              no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+    """SFT data from self-play where each board's label is the fitting answer the model scores highest
+    (writes data/self-play by default)."""
     from .stages import choice as stage
     cfg = load_config(config, stage.ChoiceConfig, {
-        "adapter": str(Path(adapter).resolve()) if adapter else None, "out": str(out.resolve()) if out else None,
+        "adapter": str(adapter.resolve()) if adapter else None, "out": str(out.resolve()) if out else None,
         "train_games": train_games, "progress": False if no_progress else None})
     emit(stage.run(cfg), json_output)
 
 
-@app.command()
+@data_app.command(name="cover")
 def cover(config: ConfigOpt = None,
-          data: Annotated[Optional[Path], typer.Option("--data", help="Input SFT data folder (default: the config's data).")] = None,
-          out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: the config's out).")] = None,
-          per_word: Annotated[Optional[int], typer.Option("--per-word", help="Boards per answer word (default 1).")] = None,
-          max_candidates: Annotated[Optional[int], typer.Option("--max-candidates", help="Only boards where at most this many answers fit.")] = None,
-          copies: Annotated[Optional[int], typer.Option("--copies", help="Times each coverage example appears (default 1).")] = None,
-          solver_openers: Annotated[Optional[int], typer.Option("--solver-openers", help="Also boards from the solver's games on the same secrets, one per best opener (default 0).")] = None,
+          data: Annotated[Optional[Path], typer.Option("--data", help="Input SFT data folder (overrides data) (default: data/self-play).")] = None,
+          out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (overrides out) (default: data/cover).")] = None,
+          per_word: Annotated[Optional[int], typer.Option("--per-word", help="Boards per answer word (default: 1).")] = None,
+          max_candidates: Annotated[Optional[int], typer.Option("--max-candidates", help="Only boards where at most this many answers fit (default: 5).")] = None,
+          copies: Annotated[Optional[int], typer.Option("--copies", help="Times each coverage example appears (default: 4).")] = None,
           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
     """Add answer-coverage examples to an SFT data folder: every answer as a fitting guess on train boards."""
     from .stages import cover as stage
     cfg = load_config(config, stage.CoverConfig, {
         "data": str(data.resolve()) if data else None, "out": str(out.resolve()) if out else None,
         "per_word": per_word, "max_candidates": max_candidates, "copies": copies,
-        "solver_openers": solver_openers, "progress": False if no_progress else None})
+        "progress": False if no_progress else None})
     emit(stage.run(cfg), json_output)
 
 
 @app.command()
 def sft(config: ConfigOpt = None,
         resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
-        run_name: Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir.")] = None,
-        overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run folder.")] = False,
-        steps: Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides steps).")] = None,
+        run_name: RunName = None, overwrite: Overwrite = False, steps: Steps = None,
+        seed: Annotated[Optional[int], typer.Option("--seed", help="Shuffle and dropout seed (overrides seed).")] = None,
+        start_adapter: StartAdapter = None, model: TrainModel = None,
+        save_every: Annotated[Optional[int], typer.Option("--save-every", help="Checkpoint every N steps (overrides save_every).")] = None,
         no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
-    """LoRA supervised fine-tuning on `wordle-mlx data` output; resumable run folder in logs/."""
+    """LoRA supervised fine-tuning on `wordle-mlx data` output (data/sft by default); run folder logs/<run>."""
     from .stages import sft as stage
     source = config if config is not None or resume is None else resume / "config.json"
-    cfg = load_config(source, stage.SFTConfig, {"run_name": run_name, "steps": steps,
-                                                "progress": False if no_progress else None})
-    result = stage.run(cfg, resume=str(resume) if resume else None, overwrite=overwrite)
+    cfg = load_config(source, stage.SFTConfig, {
+        "run_name": run_name, "steps": steps, "seed": seed, "save_every": save_every, "model": model,
+        "start_adapter": str(start_adapter.resolve()) if start_adapter else None,
+        "resume": str(resume) if resume else None, "overwrite": overwrite or None,
+        "progress": False if no_progress else None})
+    result = stage.run(cfg)
     emit(result, json_output)
     exit_if_stopped(result)
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Type, TypeVar
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from .errors import UserError
 
@@ -26,6 +26,19 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
     _base_dir: Path | None = PrivateAttr(default=None)
     _source: str = PrivateAttr(default="")
+
+
+class LoraConfig(StrictModel):
+    """The `lora` section of `sft` and `train`: the layout of fresh LoRA layers (mlx-lm's). With a start adapter
+    the adapter's own rank, scale, layers and keys apply; dropout and train_layers still do."""
+    rank: int = Field(16, ge=1, description="LoRA rank r.")
+    scale: float = Field(20.0, gt=0, description="mlx-lm's LoRA scale (the update is scale * B A x).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input while training.")
+    num_layers: int = Field(-1, ge=-1, description="Adapt the last N blocks; -1 = all.")
+    keys: list[str] | None = Field(None, description="Module names inside a block, e.g. self_attn.q_proj; "
+                                   "None = all linears.")
+    train_layers: int | None = Field(None, ge=1, description="With start_adapter: only the LoRA weights of the last "
+                                     "N blocks train, the others keep the adapter's values (None: all train).")
 
 
 def _short(value: Any, limit: int = 60) -> str:

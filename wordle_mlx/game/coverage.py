@@ -1,9 +1,8 @@
 """Answer coverage: for every answer word, the boards on which it is a fitting guess but not the secret.
 
-Session 32 found that a small model loses held-out games by failing to *spell* the last candidate: 83 of the
-last-6-blocks SFT player's 137 losses end on three non-words with exactly one answer left (the secret). Test
-words taught this way, four times each, were then won 16 times in 63 (14 with another seed, session 33),
-against 5-7 with none or one. A board of a train secret often leaves other answers that fit every clue;
+A small model loses held-out games by failing to *spell* the last candidate: 83 of the last-6-blocks SFT
+player's 137 losses ended on three non-words with exactly one answer left (the secret). Test words taught
+this way, four times each, were then won 16 times in 63 (14 with another seed), against 5-7 with none or one. A board of a train secret often leaves other answers that fit every clue;
 guessing one of them is a good hard-mode move. This module picks, for each word, the `per_word` boards (of a
 given set, e.g. an SFT data folder's) with the fewest fitting answers on which the word fits, is not the
 secret and was not guessed yet. Words are all treated alike, so the model learns to name every answer the
@@ -15,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable, Sequence
-
-import numpy as np
 
 from .feedback import feedback
 from .solver import Solver
@@ -68,25 +65,3 @@ def coverage_examples(boards: Iterable[tuple[str, Sequence[str]]], words: Sequen
     examples = [CoverageExample(w, distinct[b][0], distinct[b][1], len(fitting[b]))
                 for w in words for b in found.get(index[w], [])]
     return examples, [w for w in words if index[w] not in found]
-
-
-def top_openers(solver: Solver, n: int) -> list[str]:
-    """The `n` answer words that split the full answer list best (empty-board entropy, ties by list order)."""
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    ranked = solver.ranked(np.arange(len(solver.table.answers)), top=len(solver.table.guesses))
-    return [word for word, _, is_answer in ranked if is_answer][:n]
-
-
-def solver_boards(solver: Solver, secrets: Iterable[str], openers: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """Boards of the entropy solver's games: for each secret and each opener, the game the solver plays after that
-    first guess, every position from the first guess on (the finished board is left out). More boards than a
-    player's own games give most answers a tight board to be named on (session 36: 10 openers over the 1,585
-    train secrets of `data/choice2` leave 64 answers without a board of at most 5 fitting answers, against 1,402
-    for that choice round's own boards)."""
-    boards = []
-    for secret in secrets:
-        for opener in openers:
-            game = solver.play(secret, [opener])
-            boards += [(secret, tuple(game[:k])) for k in range(1, len(game))]
-    return boards

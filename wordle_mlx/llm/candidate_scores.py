@@ -7,7 +7,7 @@ log p(token | prompt, earlier reply tokens) under `model`, computed with the pro
 reply attending to its keys and values (`logits.shared_prefix_logits`, Gemma 3 text models), in chunks so
 that the (tokens x 262k) logits stay small. Tokens that every reply starts with (the `<guess>` tag) have the
 same context in every row, so they are scored once and added to each sum. Replies may differ in length;
-padding is never scored. No gradient graph is built. `wordle-mlx choice` uses it to label a board with the fitting word the model
+padding is never scored. No gradient graph is built. `wordle-mlx data self-play` uses it to label a board with the fitting word the model
 already likes best.
 """
 

@@ -1,8 +1,8 @@
 """The GRPO objective: packed token batches and the clipped-ratio loss.
 
-The advantages come from `advantages.py` (group-relative, minimum risk training, or per-token). `pack_batch`
-right-pads `TokenSequence`s into one input array and keeps, for the model tokens only (mask 1), the flat
-position, target id, rollout log-prob, advantage (the sequence's, or one per token) and a weight; the
+The advantages come from `advantages.py` (group-relative). `pack_batch` right-pads `TokenSequence`s into
+one input array and keeps, for the model tokens only (mask 1), the flat position, target id, rollout
+log-prob, the sequence's advantage and a weight; the
 weights implement the averaging: `token` (every model token in the step counts the same, DAPO) or
 `sequence` (each reply's tokens are averaged, then replies are averaged, original GRPO). Because weights
 are normalised over the whole step, micro-batches simply add their gradients. `grpo_loss` is
@@ -12,11 +12,9 @@ temperature, generation.py's convention). The policy update (`grpo_step.policy_u
 rollout, so its old log-probs are the trainer's own forward at the weights that sampled, `stop_gradient(new)`:
 the same function, float32 logits, before the update, hence rho_t is exactly 1 in every dtype (the sampler's
 log-probs come from bfloat16 or 4-bit logits on a Mac and differed by up to 0.04 nats). Given rollout
-log-probs (`batch_arrays(batch, rollout_logprobs=True)`), rho_t is taken against those. KL_t is the k3 estimator
-exp(ref - new) - (ref - new) - 1 to the reference policy: by default the same model with its LoRA
-switched off (`lora_disabled`: scale 0, no second copy of the weights), or, given reference LoRA weights
-(`lora_swapped`: e.g. the SFT adapter GRPO started from, kept as a second copy of the small LoRA arrays
-only), the same model with those weights in place of the trained ones. Only model-token positions are
+log-probs (`batch_arrays(batch, rollout_logprobs=True)`), rho_t is taken against those. KL_t is the k3
+estimator exp(ref - new) - (ref - new) - 1 to the reference policy, the same model with its LoRA switched
+off (`lora_disabled`: scale 0, no second copy of the weights). Only model-token positions are
 projected to the vocabulary. Sequences that are one shared prompt followed by one reply each (GRPO turn
 mode: G replies to the same board) are packed by `pack_shared_batch`: the prompt runs through the model
 once and every reply attends to its keys and values (`logits.shared_prefix_logits`), which gives the same
@@ -65,14 +63,9 @@ def averaging_weights(lengths: Sequence[int], averaging: Averaging) -> list[np.n
     raise ValueError(f"unknown averaging {averaging!r}; use 'token' or 'sequence'")
 
 
-def token_advantages(advantage, n: int, i: int) -> np.ndarray:
-    """Sequence i's advantage for each of its n model tokens: one number for all, or an array of n."""
-    a = np.asarray(advantage, dtype=np.float32)
-    if a.ndim == 0:
-        return np.full(n, float(a), dtype=np.float32)
-    if a.shape != (n,):
-        raise ValueError(f"sequence {i}: {n} model tokens but {a.size} token advantages")
-    return a
+def token_advantages(advantage: float, n: int) -> np.ndarray:
+    """A sequence's advantage for each of its n model tokens."""
+    return np.full(n, float(advantage), dtype=np.float32)
 
 
 def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence, weights: Sequence[np.ndarray],
@@ -95,7 +88,7 @@ def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence, weights
         pos.append(i * width + model_at)
         tgt.append(toks[model_at + 1])
         old.append(np.asarray(s.logprobs, dtype=np.float32)[model_at + 1])
-        adv.append(token_advantages(a, len(model_at), i))
+        adv.append(token_advantages(a, len(model_at)))
         wts.append(np.asarray(w, dtype=np.float32))
         seq.append(np.full(len(model_at), i, dtype=np.int32))
     cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
@@ -135,7 +128,7 @@ def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence,
         pos.append(i * width + np.arange(len(reply)))
         tgt.append(reply)
         old.append(np.asarray(q.logprobs[k:], dtype=np.float32))
-        adv.append(token_advantages(a, len(reply), i))
+        adv.append(token_advantages(a, len(reply)))
         wts.append(np.asarray(w, dtype=np.float32))
         seq.append(np.full(len(reply), i, dtype=np.int32))
     cat = lambda parts, dt: np.concatenate(parts).astype(dt)  # noqa: E731
@@ -223,28 +216,6 @@ def lora_disabled(model) -> Iterator[int]:
             m.scale = s
 
 
-@contextlib.contextmanager
-def lora_swapped(model, weights) -> Iterator[None]:
-    """Run the model with the trainable (LoRA) parameters `weights` (a tree as from `trainable_parameters()`)
-    inside the block; the trained values are put back after it, also on an error."""
-    current = model.trainable_parameters()
-    try:
-        model.update(weights)
-        yield
-    finally:
-        model.update(current)
-
-
-def snapshot_trainable(model):
-    """A copy of the trainable parameters, for `lora_swapped` (the optimizer replaces arrays, but copy anyway)."""
-    import mlx.core as mx
-    from mlx.utils import tree_map
-
-    weights = tree_map(lambda a: mx.array(a), model.trainable_parameters())
-    mx.eval(weights)
-    return weights
-
-
 @dataclass
 class LossSettings:
     epsilon: float = 0.2
@@ -268,9 +239,8 @@ def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True) -> dict:
     return arrays
 
 
-def reference_logprobs(model, arrays: dict, temperature: float, reference_weights=None):
-    """Log-probs of the model tokens under the reference policy, without gradient: the model with LoRA off, or
-    with the LoRA weights `reference_weights` when they are given."""
+def reference_logprobs(model, arrays: dict, temperature: float):
+    """Log-probs of the model tokens under the reference policy, the model with LoRA off, without gradient."""
     import mlx.core as mx
 
     def logprobs():
@@ -279,9 +249,6 @@ def reference_logprobs(model, arrays: dict, temperature: float, reference_weight
         mx.eval(ref)
         return ref
 
-    if reference_weights is not None:
-        with lora_swapped(model, reference_weights):
-            return logprobs()
     with lora_disabled(model) as n:
         if n == 0:
             raise ValueError("beta > 0 needs LoRA layers: the reference policy is the model with LoRA switched off")

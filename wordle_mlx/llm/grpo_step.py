@@ -11,16 +11,9 @@ with the first of the G replies: they are independent draws, so that is one on-p
 later boards are the ones the sampling policy itself reaches; or with `continue_with="greedy"` with the
 policy's own temperature-0 reply (a greedy row in the same batch), so the boards, error messages
 included, are the ones greedy evaluation reaches; with `train_greedy` that reply also joins its group as
-member G + 1 and is trained on, so the update pushes the greedy reply itself up or down; with a `guide`
-(`guide.GuideReplies`), a tight board's group also gets the fitting answer the model likes best. With
-`turn_reward="greedy_return"`, each distinct reply's game is then played on greedily to its end (one lockstep
-batch, `rollout.play_on`) and win/early score that game: the reply's exact value under greedy play
-("greedy_return_strict": there, a rejected reply uses up a guess and counts as one). The result is a
+member G + 1 and is trained on, so the update pushes the greedy reply itself up or down. The result is a
 list of `ScoredItem`s: the reply sequences that share one reward, the group it is compared within, and its
-component values. `policy_update` computes group advantages (or, with `advantage="expected"`, those of minimum
-risk training: `item_advantages`; with `advantage="prefix"`, per-token ones that leave the tokens a group
-shares at 0: `prefix_item_advantages`; with `positive_only`, negative ones set to 0), drops zero-variance groups
-(or, with `unplayable_advantage` < 0, gives a dead group that played no word that advantage), splits the rest
+component values. `policy_update` computes group advantages, drops zero-variance groups, splits the rest
 into micro-batches (replies that share a prompt together, the prompt run once; the others of at most
 `max_tokens` padded tokens), accumulates gradients of `grpo_loss`, clips them, and applies the optimizer only
 when the loss and gradient norm are finite.
@@ -28,7 +21,6 @@ when the loss and gradient norm are finite.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
@@ -37,12 +29,38 @@ import numpy as np
 
 from ..game.rewards import ReplyKind, Rewards, TurnFacts
 from .episode import Episode, TokenSequence, Turn
-from .advantages import expected_reward_advantages, group_advantages, prefix_advantages
+from .advantages import group_advantages
 from .grpo_loss import (LossSettings, batch_arrays, grpo_loss, pack_batch, pack_shared_batch, reference_logprobs,
                         shared_prompt_groups, split_batch)
 from .prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
-from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _Game, _start, play_games, play_on,
-                      prompt_token_ids, sample_replies, sample_replies_and_greedy)
+from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids,
+                      sample_replies, sample_replies_and_greedy)
+
+
+@dataclass
+class Player:
+    """The policy that plays a rollout: the model, its tokenizer and the function that decodes a batch."""
+    model: object
+    tokenizer: object
+    generate_fn: object = None
+
+
+CONTINUE_WITH = ("best", "sampled", "greedy")
+
+
+@dataclass
+class GroupSettings:
+    """How a rollout forms its groups: G games (episode) or G replies per turn (turn), and in turn mode which
+    reply the game goes on with (`CONTINUE_WITH`) and whether the greedy one joins its group (`train_greedy`)."""
+    num_generations: int
+    continue_with: str = "best"
+    train_greedy: bool = False
+
+    def __post_init__(self):
+        if self.continue_with not in CONTINUE_WITH:
+            raise ValueError(f"continue_with must be one of {', '.join(CONTINUE_WITH)}, got {self.continue_with!r}")
+        if self.train_greedy and self.continue_with != "greedy":
+            raise ValueError(f"train_greedy needs continue_with='greedy', got {self.continue_with!r}")
 
 
 @dataclass
@@ -91,11 +109,11 @@ def game_specs(prompts: Sequence[GameSpec], copies: int) -> list[GameSpec]:
     return [GameSpec(p.secret, list(p.seeded_guesses), group=i) for i, p in enumerate(prompts) for _ in range(copies)]
 
 
-def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
-                         allowed: Collection[str], rewards: Rewards, generate_fn) -> RolloutResult:
+def rollout_episode_mode(player: Player, prompts: Sequence[GameSpec], cfg: RolloutConfig, allowed: Collection[str],
+                         rewards: Rewards, group: GroupSettings) -> RolloutResult:
     start = time.perf_counter()
-    episodes = play_games(model, tokenizer, game_specs(prompts, num_generations), cfg, allowed,
-                          generate_fn=generate_fn)
+    episodes = play_games(player.model, player.tokenizer, game_specs(prompts, group.num_generations), cfg, allowed,
+                          generate_fn=player.generate_fn)
     items = []
     for ep in episodes:
         values = rewards.game_values(turn_facts(ep, cfg.max_tokens_per_turn), ep.won, len(ep.state.guesses))
@@ -105,38 +123,15 @@ def rollout_episode_mode(model, tokenizer, prompts: Sequence[GameSpec], num_gene
                          time.perf_counter() - start)
 
 
-CONTINUE_WITH = ("best", "sampled", "greedy")
-TURN_REWARDS = ("immediate", "greedy_return", "greedy_return_strict")
-
-
-def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generations: int, cfg: RolloutConfig,
-                      allowed: Collection[str], rewards: Rewards, generate_fn,
-                      continue_with: str = "best", train_greedy: bool = False,
-                      turn_reward: str = "immediate", guide=None) -> RolloutResult:
-    if turn_reward not in TURN_REWARDS:
-        raise ValueError(f"turn_reward must be one of {', '.join(TURN_REWARDS)}, got {turn_reward!r}")
-    if continue_with not in CONTINUE_WITH:
-        raise ValueError(f"continue_with must be one of {', '.join(CONTINUE_WITH)}, got {continue_with!r}")
-    if train_greedy and continue_with != "greedy":
-        raise ValueError(f"train_greedy needs continue_with='greedy', got {continue_with!r}")
+def rollout_turn_mode(player: Player, prompts: Sequence[GameSpec], cfg: RolloutConfig, allowed: Collection[str],
+                      rewards: Rewards, group: GroupSettings) -> RolloutResult:
     start = time.perf_counter()
+    model, tokenizer, generate_fn = player.model, player.tokenizer, player.generate_fn
     allowed = allowed if isinstance(allowed, (set, frozenset)) else frozenset(allowed)
     games = [_start(GameSpec(p.secret, list(p.seeded_guesses), group=i), cfg) for i, p in enumerate(prompts)]
     items: list[ScoredItem] = []
     replies: list[Turn] = []
-    group = 0
-    returns, strict = turn_reward != "immediate", turn_reward == "greedy_return_strict"
-    # strict: in the played-on game a rejected reply (the scored one included) uses up a guess and counts as one
-    branch_cfg = cfg.model_copy(update={"invalid_costs_turn": True}) if strict else cfg
-    branches: dict[tuple, tuple[_Game, int]] = {}   # (group, reply tokens) -> (game copy, invalid replies before)
-    branch_of: list[tuple[int, tuple]] = []   # (item index, its branch)
-
-    def branch(game: _Game, prompt: list[int], c: Completion) -> None:
-        key = (group, tuple(c.tokens))
-        if key not in branches:
-            branches[key] = (copy.deepcopy(game), game.episode.invalid_replies)
-            _apply(branches[key][0], prompt, c, branch_cfg, allowed)
-        branch_of.append((len(items) - 1, key))
+    group_id = 0
 
     def score(state, prompt, c: Completion) -> tuple[ScoredItem, ParsedReply]:
         parsed = parse_reply(c.text, cfg.prompt.require_think, allowed)
@@ -146,15 +141,15 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
         values = rewards.turn_mode_values(facts)
         seq = TokenSequence(list(prompt) + list(c.tokens), [0] * len(prompt) + [1] * len(c.tokens),
                             [0.0] * len(prompt) + list(c.logprobs))
-        return ScoredItem([seq], group, rewards.total(values), values), parsed
+        return ScoredItem([seq], group_id, rewards.total(values), values), parsed
 
     while active := [g for g in games if not g.done]:
         prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.turn_errors) for g in active]
-        if continue_with == "greedy":      # the greedy reply decoded in the same batch as the G samples
-            samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn,
-                                                        greedy_logprobs_at_temperature=train_greedy)
+        if group.continue_with == "greedy":      # the greedy reply decoded in the same batch as the G samples
+            samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, group.num_generations, cfg,
+                                                        generate_fn, greedy_logprobs_at_temperature=group.train_greedy)
         else:
-            samples = sample_replies(model, tokenizer, prompt_ids, num_generations, cfg, generate_fn=generate_fn)
+            samples = sample_replies(model, tokenizer, prompt_ids, group.num_generations, cfg, generate_fn=generate_fn)
             greedy = [None] * len(active)
         for game, prompt, completions, greedy_reply in zip(active, prompt_ids, samples, greedy):
             state = game.episode.state
@@ -162,61 +157,32 @@ def rollout_turn_mode(model, tokenizer, prompts: Sequence[GameSpec], num_generat
             for c in completions:
                 item, parsed = score(state, prompt, c)
                 items.append(item)
-                if returns:
-                    branch(game, prompt, c)
                 scored.append((parsed.error is None, item.reward, c))
                 replies.append(Turn(list(prompt), list(c.tokens), list(c.logprobs), c.text, parsed.guess,
                                     parsed.error, finish_reason=c.finish_reason))
-            if train_greedy:               # the greedy reply joins its group as member G + 1
+            if group.train_greedy:               # the greedy reply joins its group as member G + 1
                 items.append(score(state, prompt, greedy_reply)[0])
-                if returns:
-                    branch(game, prompt, greedy_reply)
-            if guide is not None and (guided := guide(state, prompt, game.texts, game.turn_errors)) is not None:
-                items.append(score(state, prompt, guided)[0])    # off-policy: scored and trained on, never played
-                if returns:
-                    branch(game, prompt, guided)
-            group += 1
-            if continue_with == "best":
+            group_id += 1
+            if group.continue_with == "best":
                 chosen = scored[max(range(len(scored)), key=lambda i: (scored[i][0], scored[i][1], -i))][2]
-            elif continue_with == "sampled":
+            elif group.continue_with == "sampled":
                 chosen = scored[0][2]
             else:
                 chosen = greedy_reply
             _apply(game, prompt, chosen, cfg, allowed)
     tokens = sum(len(t.completion_tokens) for t in replies)
-    if returns:                          # every reply's game played on greedily: its value under greedy play
-        tokens += play_on(model, tokenizer, [g for g, _ in branches.values() if not g.done],
-                          branch_cfg.model_copy(update={"temperature": 0.0}), allowed, generate_fn)
-        for i, key in branch_of:
-            game, invalid_before = branches[key]
-            if not game.done:
-                raise RuntimeError(f"the greedy return of a reply for {game.episode.secret!r} was not played out")
-            used = len(game.episode.state.guesses) + (game.episode.invalid_replies - invalid_before if strict else 0)
-            items[i] = with_game_outcome(items[i], game.episode.state.won, used, rewards)
     return RolloutResult(items, [g.episode for g in games], replies, tokens, time.perf_counter() - start)
-
-
-def with_game_outcome(item: ScoredItem, won: bool, guesses: int, rewards: Rewards) -> ScoredItem:
-    """`item` with win and early scored by how its game ended (won or not, guesses used)."""
-    values = dict(item.values)
-    values["win"] = 1.0 if won else 0.0
-    values["early"] = rewards.early_value(won, guesses)
-    return ScoredItem(item.sequences, item.group, rewards.total(values), values)
 
 
 @dataclass
 class UpdateSettings:
     loss: LossSettings
     averaging: str = "token"
-    advantage: str = "normalized"        # GRPO: "normalized" or "centered"; "prefix" (per token); "expected" (MRT)
-    expected_sharpness: float = 1.0      # "expected": Q(y) is proportional to p(y) ** expected_sharpness
-    unplayable_advantage: float = 0.0    # advantage of a group in which no reply played a word (0 = GRPO: skipped)
+    advantage: str = "normalized"        # "normalized": (r - mean) / std in a group; "centered": r - mean
     max_grad_norm: float = 1.0           # 0 = no clipping
     max_tokens: int = 4096               # padded tokens per micro-batch
     max_loss_tokens: int = 256           # model tokens per micro-batch (each one is a vocab-sized logit row)
     share_prompts: bool = True           # replies to one prompt: run the prompt once (pack_shared_batch)
-    reference_weights: object = None     # LoRA weights of the KL reference (beta > 0); None = LoRA switched off
-    positive_only: bool = False          # train only on replies with advantage > 0 (self-imitation)
 
 
 @dataclass
@@ -230,7 +196,6 @@ class UpdateResult:
     finite: bool
     trained_tokens: int
     seconds: float
-    unplayable_groups: int = 0           # zero-variance groups trained with `unplayable_advantage`
     groups: int = 0                      # all the step's groups (every rank's), live or skipped
     ratio_gap: float = 0.0               # max |ratio - 1| over this rank's trained tokens before the update (0)
 
@@ -244,13 +209,10 @@ def shared_weights(lengths: Sequence[int], averaging: str, total_tokens: float, 
     raise ValueError(f"unknown averaging {averaging!r}; use 'token' or 'sequence'")
 
 
-def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings, world=None,
-                  extra_grads=None) -> UpdateResult:
+def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettings, world=None) -> UpdateResult:
     """One update from `items`. With a `World` of several ranks, `items` are this rank's share: the averaging
     weights use the global token/sequence counts, gradient sums and loss statistics are all-reduced, and every
-    rank applies the same update (the one a single process would make on all the items). `extra_grads` (a
-    gradient tree already summed over ranks, e.g. the SFT anchor's) is added to the GRPO gradient before
-    clipping; with it a step with no live group still updates."""
+    rank applies the same update (the one a single process would make on all the items)."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -261,29 +223,24 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
 
     world = world or World()
     start = time.perf_counter()
-    advantages, skipped = item_advantages(items, s.advantage, s.expected_sharpness)
-    advantages, unplayable = unplayable_group_advantages(items, advantages, s.unplayable_advantage)
-    per_token = prefix_item_advantages(items) if s.advantage == "prefix" else [None] * len(items)
-    if s.positive_only:
-        advantages = np.maximum(advantages, 0.0)
-        per_token = [None if a is None else np.maximum(a, 0.0) for a in per_token]
-    skipped -= unplayable
-    # with "prefix", a group with any reward spread also has a reply whose (scalar) advantage is not 0
+    if s.advantage not in ("normalized", "centered"):
+        raise ValueError(f"unknown advantage {s.advantage!r}; use 'normalized' or 'centered'")
+    advantages, skipped = group_advantages([it.reward for it in items], [it.group for it in items],
+                                           scale=s.advantage == "normalized")
     live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
     seqs, advs = [], []
-    for it, a, pt in zip(items, advantages, per_token):
+    for it, a in zip(items, advantages):
         if it.group in live_groups:
             for seq in it.sequences:
                 if sum(seq.mask) > 0:
                     seqs.append(seq)
-                    advs.append(float(a) if pt is None else pt)
+                    advs.append(float(a))
     lengths = [sum(q.mask) for q in seqs]
-    total_tokens, total_seqs, skipped, unplayable, groups = world.sum_floats(
-        [sum(lengths), len(seqs), skipped, unplayable, len({it.group for it in items})])
-    skipped, unplayable, groups = int(skipped), int(unplayable), int(groups)
-    if total_seqs == 0 and extra_grads is None:
-        return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start, unplayable,
-                            groups)
+    total_tokens, total_seqs, skipped, groups = world.sum_floats(
+        [sum(lengths), len(seqs), skipped, len({it.group for it in items})])
+    skipped, groups = int(skipped), int(groups)
+    if total_seqs == 0:
+        return UpdateResult(0.0, 0.0, 0.0, 0.0, skipped, False, True, 0, time.perf_counter() - start, groups)
     weights = shared_weights(lengths, s.averaging, total_tokens, max(total_seqs, 1.0))
     model.train()
 
@@ -299,7 +256,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     for idx, pack in [(g, pack_shared_batch) for g in shared] + [(g, pack_batch) for g in plain]:
         batch = pack([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
         arrays = batch_arrays(batch, rollout_logprobs=False)     # old log-probs: the trainer's own, ratio 1
-        ref = reference_logprobs(model, arrays, s.loss.temperature, s.reference_weights) if s.loss.beta > 0 else None
+        ref = reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None
         (loss, stats), g = value_and_grad(arrays, ref)
         grads = g if grads is None else tree_map(lambda a, b: a + b, grads, g)
         mx.eval(grads, loss, stats)
@@ -311,8 +268,6 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         grads = tree_map(mx.zeros_like, model.trainable_parameters())
     grads = world.sum_tree(grads)
     total_loss, kl, clip = world.sum_floats([total_loss, kl, clip])
-    if extra_grads is not None:
-        grads = tree_map(lambda a, b: a + b, grads, extra_grads)
     if s.max_grad_norm > 0:
         grads, norm = optim.clip_grad_norm(grads, s.max_grad_norm)
     else:
@@ -324,57 +279,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         mx.eval(model.trainable_parameters(), optimizer.state)
     model.eval()
     return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, int(total_tokens),
-                        time.perf_counter() - start, unplayable, groups, ratio_gap)
-
-
-def item_advantages(items: Sequence[ScoredItem], advantage: str, sharpness: float = 1.0) -> tuple[np.ndarray, int]:
-    """(advantage per item, zero-variance groups): GRPO's group-relative ones, or with "expected" those of
-    minimum risk training, from each item's summed rollout log-prob, its replies' tokens as its identity."""
-    rewards, groups = [it.reward for it in items], [it.group for it in items]
-    if advantage == "prefix":           # per-reply numbers for the skip count; the tokens' come from below
-        return group_advantages(rewards, groups, scale=True)
-    if advantage in ("normalized", "centered"):
-        return group_advantages(rewards, groups, scale=advantage == "normalized")
-    if advantage != "expected":
-        raise ValueError(f"unknown advantage {advantage!r}; use 'normalized', 'centered' or 'expected'")
-    logprobs = [sum(lp for q in it.sequences for lp, m in zip(q.logprobs, q.mask) if m) for it in items]
-    keys = [tuple(t for q in it.sequences for t, m in zip(q.tokens, q.mask) if m) for it in items]
-    return expected_reward_advantages(rewards, groups, logprobs, keys, sharpness)
-
-
-def prefix_item_advantages(items: Sequence[ScoredItem]) -> list[np.ndarray | None]:
-    """Per-token advantages of each item's reply (`advantages.prefix_advantages`), None in a zero-variance
-    group; every item must be one reply sequence (turn mode)."""
-    if any(len(it.sequences) != 1 for it in items):
-        raise ValueError("advantage 'prefix' needs one reply sequence per item (rl.mode 'turn')")
-    replies = [[t for t, m in zip(it.sequences[0].tokens, it.sequences[0].mask) if m] for it in items]
-    return prefix_advantages(replies, [it.reward for it in items], [it.group for it in items])[0]
-
-
-def unplayable_group_advantages(items: Sequence[ScoredItem], advantages: np.ndarray,
-                                value: float) -> tuple[np.ndarray, int]:
-    """(advantages, number of groups changed): every item of a zero-variance group in which no reply played a
-    word (reward component `valid` 0 throughout: non-words or format errors) gets `value` instead of 0.
-
-    Plain GRPO (`value` 0) learns nothing from such a group, so a board on which every sample is the same
-    kind of non-word is never trained on; a negative `value` pushes those replies down (negative-sample
-    reinforcement). Groups with any spread, or with a played word, keep their group-relative advantage."""
-    if value == 0.0:
-        return advantages, 0
-    out = np.array(advantages, dtype=np.float64)
-    by_group: dict[int, list[int]] = {}
-    for i, it in enumerate(items):
-        by_group.setdefault(it.group, []).append(i)
-    changed = 0
-    for idx in by_group.values():
-        if any(out[i] != 0.0 for i in idx):
-            continue
-        if any("valid" not in items[i].values for i in idx):
-            raise ValueError("unplayable_group_advantages needs the reward component 'valid' in every item")
-        if all(items[i].values["valid"] == 0.0 for i in idx):
-            out[idx] = value
-            changed += 1
-    return out, changed
+                        time.perf_counter() - start, groups, ratio_gap)
 
 
 def _leaves(tree) -> list:

@@ -73,32 +73,25 @@ def apply_lora(model, num_layers: int, params: dict) -> int:
     return count
 
 
-def load_adapter_weights(model, folder: str | Path, grow_rank: bool = False, scale: float | None = None) -> None:
+def load_adapter_weights(model, folder: str | Path, scale: float | None = None) -> None:
     """Set the LoRA weights of `model` (after `apply_lora`) from `folder`/adapters.safetensors; every tensor
     in the file must match a LoRA parameter of the same shape, else a UserError names the first mismatch.
     With `scale` (the model's LoRA scale), the adapter's `adapter_config.json`, when there is one, must name the
-    same `lora_parameters.scale`: the same weights under another scale are another function.
-    With `grow_rank`, an adapter of a lower rank is padded to the model's: its `lora_a` keeps its columns and
-    gets the model's fresh random ones for the new directions, its `lora_b` gets zero rows, so the model's
-    output is the adapter's (up to float rounding) and the new directions start training from there."""
+    same `lora_parameters.scale`: the same weights under another scale are another function."""
     path = Path(folder) / "adapters.safetensors"
     if not path.is_file():
-        raise UserError(f"init_adapter {folder}: no adapters.safetensors there")
+        raise UserError(f"start_adapter {folder}: no adapters.safetensors there")
     if scale is not None:
         _check_scale(Path(folder) / ADAPTER_CONFIG, scale)
     weights = mx.load(str(path))
     ours = adapter_weights(model)
-    for name, value in list(weights.items()):
-        if grow_rank and name in ours:
-            weights[name] = _grown(name, value, ours[name])
-            value = weights[name]
+    for name, value in weights.items():
         if name not in ours or ours[name].shape != value.shape:
             got = tuple(ours[name].shape) if name in ours else "no such LoRA parameter"
-            raise UserError(f"init_adapter {path}: {name} {tuple(value.shape)} does not fit this LoRA ({got}); "
-                            "lora.rank and lora.num_layers must match the adapter's"
-                            + ("" if grow_rank else " (or set grow_init_adapter for a lower rank)"))
+            raise UserError(f"start_adapter {path}: {name} {tuple(value.shape)} does not fit this LoRA ({got}); "
+                            "lora.rank and lora.num_layers must match the adapter's")
     if set(ours) - set(weights):
-        raise UserError(f"init_adapter {path}: missing {sorted(set(ours) - set(weights))[0]} "
+        raise UserError(f"start_adapter {path}: missing {sorted(set(ours) - set(weights))[0]} "
                         "(lora.num_layers or lora.keys differ from the adapter's)")
     model.load_weights(list(weights.items()), strict=False)
     lora_to_float32(model)       # an adapter saved in bfloat16 trains on in float32
@@ -111,21 +104,10 @@ def _check_scale(config_path: Path, scale: float) -> None:
     try:
         saved = json.loads(config_path.read_text())["lora_parameters"]["scale"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"init_adapter {config_path}: no readable lora_parameters.scale ({exc!r})") from None
+        raise UserError(f"start_adapter {config_path}: no readable lora_parameters.scale ({exc!r})") from None
     if not isinstance(saved, (int, float)) or not math.isclose(float(saved), scale, rel_tol=1e-6):
-        raise UserError(f"init_adapter {config_path}: lora_parameters.scale is {saved!r} but lora.scale is {scale}; "
+        raise UserError(f"start_adapter {config_path}: lora_parameters.scale is {saved!r} but lora.scale is {scale}; "
                         "set lora.scale to the adapter's")
-
-
-def _grown(name: str, saved: mx.array, fresh: mx.array) -> mx.array:
-    """`saved` padded to `fresh`'s rank (see `load_adapter_weights`); unchanged when it cannot be padded."""
-    if name.endswith("lora_a") and saved.ndim == 2 and saved.shape[0] == fresh.shape[0] \
-            and saved.shape[1] < fresh.shape[1]:
-        return mx.concatenate([saved, fresh[:, saved.shape[1]:]], axis=1)
-    if name.endswith("lora_b") and saved.ndim == 2 and saved.shape[1] == fresh.shape[1] \
-            and saved.shape[0] < fresh.shape[0]:
-        return mx.concatenate([saved, mx.zeros((fresh.shape[0] - saved.shape[0], saved.shape[1]), saved.dtype)])
-    return saved
 
 
 def lora_to_float32(model) -> int:

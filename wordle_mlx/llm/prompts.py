@@ -9,7 +9,8 @@ turn (`context="summary"`); the prompt `style`: "full" (the rules, then every gu
 the derived letters, as above) or "compact" (a one-line instruction and only the derived clues, e.g.
 "Pattern: _ e t _ _ / Has: r (not 1) / Not: a b d i", about 40 tokens instead of ~200: on a CPU every
 prompt token costs training and rollout time, and a small model does better reading the clues than
-working them out); and the `guess_format` the instruction asks for: a word (`<guess>crane</guess>`) or
+working them out); and the `guess_format` the instruction asks for (the defaults: no think block, compact, letters, the shipped
+270M adapter's): a word (`<guess>crane</guess>`) or
 its letters (`<guess> c r a n e</guess>`, which a small model writes as five single-letter tokens that
 line up with the pattern's letters). The parser never raises on model output; it returns the guess or
 the kind of error, and it reads both guess formats. This module renders text only; it does not tokenize (the rollout engine and the SFT data
@@ -48,16 +49,16 @@ _MARK_WORDS = {"G": "green", "Y": "yellow", "X": "grey"}
 
 
 class PromptConfig(StrictModel):
-    require_think: bool = Field(True, description="Reply must contain <think>...</think> before <guess>.")
+    require_think: bool = Field(False, description="Reply must contain <think>...</think> before <guess>.")
     context: Context = Field("summary", description="'summary': fresh state each turn; 'conversation': full chat.")
-    style: PromptStyle = Field("full", description="'full': rules, every guess and the derived letters; "
+    style: PromptStyle = Field("compact", description="'full': rules, every guess and the derived letters; "
                                "'compact': one instruction line and the derived clues only.")
-    guess_format: GuessFormat = Field("word", description="What the instruction asks inside <guess>: the word, "
+    guess_format: GuessFormat = Field("letters", description="What the instruction asks inside <guess>: the word, "
                                       "or its five letters separated by spaces.")
     rejected_word: RejectedWord = Field("upper", description="How the retry message shows a reply that is not in "
                                         "the word list: 'upper' ('BOIND is not in the word list.') or 'letters' "
                                         "('Not in the word list: b o i n d.', the same single-letter tokens as a "
-                                        "letters reply). Measured (docs/RESULTS.md, session 26): SFT with "
+                                        "letters reply). Measured (docs/RESULTS.md): SFT with "
                                         "'letters' won 56 / 200 where 'upper' won 55, and the model repeated a "
                                         "rejected word as often.")
     retry_context: RetryContext = Field("last", description="Which invalid replies a summary-mode retry prompt "
@@ -65,7 +66,7 @@ class PromptConfig(StrictModel):
                                         "since the last played guess, one line each, oldest first). With 'last' "
                                         "a repeated invalid reply gives the same prompt again, so greedy play "
                                         "repeats it until the game's invalid replies run out. Measured "
-                                        "(docs/RESULTS.md, session 27): the shipped adapter wins 45 / 200 "
+                                        "(docs/RESULTS.md): the shipped adapter wins 45 / 200 "
                                         "either way; with 'turn' it still fails the third try.")
 
 
@@ -213,17 +214,13 @@ def build_messages(cfg: PromptConfig, history: Sequence[tuple[str, str]], turns:
     return messages
 
 
-def format_reply(think: str | None, guess: str, space_before_guess: bool = False,
-                 guess_format: GuessFormat = "word") -> str:
-    """The canonical reply text (used for SFT targets). With `space_before_guess` the tag reads
-    `<guess> crane</guess>` (the parser strips the space): Gemma's tokenizer then has most answers as one
-    token, the same token as in the think text, instead of sub-word pieces that must be spelled out.
-    With `guess_format="letters"` it reads `<guess> c r a n e</guess>`."""
+def format_reply(think: str | None, guess: str, guess_format: GuessFormat = "letters") -> str:
+    """The canonical reply text (used for SFT targets): `<guess>crane</guess>`, or with
+    `guess_format="letters"` `<guess> c r a n e</guess>`, after the think block when there is one."""
     prefix = f"<think>{think}</think>\n" if think is not None else ""
     if guess_format == "letters":
         return f"{prefix}<guess> {' '.join(guess)}</guess>"
-    space = " " if space_before_guess else ""
-    return f"{prefix}<guess>{space}{guess}</guess>"
+    return f"{prefix}<guess>{guess}</guess>"
 
 
 @dataclass

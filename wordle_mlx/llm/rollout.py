@@ -9,8 +9,7 @@ Each reply is parsed (`prompts.parse_reply`) and recorded as an `episode.Turn`. 
 word is played (repeats are played and flagged `repeated`); any other reply is invalid: it is counted,
 the next prompt says what was wrong, and with `invalid_costs_turn` it also uses up one of the six
 guesses (the board's `max_guesses` drops by one). A game ends on a win, when no guesses are left, or
-after `max_invalid_replies` invalid replies. `play_on` plays games already in progress to their end the
-same way (GRPO's greedy returns). `sample_replies` samples G completions for each of several
+after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
 prompts in one batch (GRPO turn mode); `sample_replies_and_greedy` adds each prompt's greedy reply to
 that batch. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build
 a gradient graph (nothing here calls value_and_grad) and the model is put in eval mode. With temperature 0
@@ -23,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..errors import UserError
 from ..game.knowledge import is_consistent
@@ -33,7 +32,7 @@ from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfi
                          policy_logprobs)
 from .prompts import PromptConfig, TurnText, build_messages, choose_prompt, parse_reply
 
-__all__ = ["RolloutConfig", "GameSpec", "play_games", "play_on", "sample_replies", "sample_replies_and_greedy",
+__all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "sample_replies_and_greedy",
            "prompt_token_ids", "policy_logprob_temperature", "policy_logprobs", "Completion"]
 
 
@@ -46,10 +45,26 @@ class RolloutConfig(SamplingConfig):
     constrain: bool = Field(False, description="Letters format only: replies can spell only allowed words "
                             "(llm/word_constraint.py). An inference option, never for GRPO rollouts.")
 
+    @model_validator(mode="after")
+    def _reply_budget(self) -> "RolloutConfig":
+        if "max_tokens_per_turn" not in self.model_fields_set:     # not set: what the reply format needs
+            self.__dict__["max_tokens_per_turn"] = reply_token_budget(self.prompt)
+        return self
+
     def for_adapter(self, adapter) -> "RolloutConfig":
-        """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly."""
+        """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly, and the
+        reply length they need unless `max_tokens_per_turn` was set."""
         prompt = choose_prompt(self.prompt, "prompt" in self.model_fields_set, adapter)
-        return self.model_copy(update={"prompt": prompt})
+        update = {"prompt": prompt}
+        if "max_tokens_per_turn" not in self.model_fields_set:
+            update["max_tokens_per_turn"] = reply_token_budget(prompt)
+        return self.model_copy(update=update)
+
+
+def reply_token_budget(prompt: PromptConfig) -> int:
+    """Tokens a reply of this format needs: 16 without a think block (a letters reply is 11 tokens,
+    '<guess> c r a n e</guess>'), 256 with one."""
+    return 256 if prompt.require_think else 16
 
 
 @dataclass
@@ -182,17 +197,6 @@ def play_games(model, tokenizer, games: Sequence[GameSpec], cfg: RolloutConfig, 
     running = [_start(spec, cfg) for spec in games]
     _play(running, tokenizer, generate, cfg, allowed, progress, deadline, on_turn)
     return [g.episode for g in running]
-
-
-def play_on(model, tokenizer, games: Sequence[_Game], cfg: RolloutConfig, allowed_words: Collection[str],
-            generate_fn: GenerateFn | None = None) -> int:
-    """Play games already in progress (`_Game`s, e.g. copies of a board after one reply) to their end in
-    lockstep, decoding with `cfg`; returns the number of tokens generated."""
-    allowed = allowed_words if isinstance(allowed_words, (set, frozenset)) else frozenset(allowed_words)
-    generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
-    turns_before = [len(g.episode.turns) for g in games]
-    _play(list(games), tokenizer, generate, cfg, allowed)
-    return sum(len(t.completion_tokens) for g, n in zip(games, turns_before) for t in g.episode.turns[n:])
 
 
 def _play(running: list[_Game], tokenizer, generate: GenerateFn, cfg: RolloutConfig, allowed: frozenset,

@@ -11,12 +11,7 @@ the batch shares and that carries no target (for chat data: `<bos>`, the turn ma
 about a third of a compact-prompt example) becomes `batch.prefix`: it runs through the model once and every
 example's remaining tokens attend to its keys and values (`logits.shared_prefix_logits`, with gradients),
 which gives the same loss and gradient as the padded batch (tests/test_sft.py) for less work
-(benchmarks/sft_throughput.py). An example may also name, for some of its target positions, a *set* of
-acceptable tokens (a third tuple element `{token index: [token ids]}`, see `stages/sft.py`'s
-`letter_targets`): the loss there is -log of the total probability of the set, not of the one label token.
-An example may instead be a *rejected* reply (a fourth tuple element `{token index: weight}`, see `stages/sft.py`'s
-`rejected_reply_weight`): only those positions are targets, each with the unlikelihood loss -log(1 - p) of its
-token (Welleck et al. 2019, "Neural text generation with unlikelihood training"), scaled by its weight.
+(benchmarks/sft_throughput.py).
 """
 
 from __future__ import annotations
@@ -40,8 +35,6 @@ class SFTBatch:
     tokens: int           # number of real target tokens
     length: int           # total real tokens in the batch (prompt included), for throughput
     prefix: mx.array | None = None   # (C,) int32 tokens every example starts with; `inputs` holds what follows
-    choices: mx.array | None = None  # (P, K) int32 acceptable tokens per position (-1 = none), when any is a set
-    unlikely: mx.array | None = None  # (P,) float32 1 where the target is a rejected token (unlikelihood loss)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -61,45 +54,28 @@ def shared_start(seqs: Sequence[tuple]) -> int:
 
 def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | None = None,
                share_prefix: bool = False) -> SFTBatch:
-    """Arrays for a batch of (tokens, prompt_length), (tokens, prompt_length, {token index: acceptable
-    token ids}) or (tokens, prompt_length, {}, {token index: unlikelihood weight}); see the module docstring."""
-    seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1], s[2] if len(s) > 2 else {})
-            for s in sequences]
-    rejected = [s[3] if len(s) > 3 else {} for s in sequences]
+    """Arrays for a batch of (tokens, prompt_length); see the module docstring."""
+    seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1]) for s in sequences]
     start = shared_start(seqs) if share_prefix else 0
-    width = round_up(max(len(t) - 1 - start for t, _, _ in seqs), pad_to)
+    width = round_up(max(len(t) - 1 - start for t, _ in seqs), pad_to)
     inputs = np.zeros((len(seqs), width), dtype=np.int32)
-    positions, targets, sets, scales, unlikely = [], [], [], [], []
-    for b, (tokens, offset, alternatives) in enumerate(seqs):
+    positions, targets = [], []
+    for b, (tokens, offset) in enumerate(seqs):
         inputs[b, : len(tokens) - 1 - start] = tokens[start:-1]
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
-            if rejected[b] and j + 1 not in rejected[b]:
-                continue                                      # a rejected reply: only its marked tokens count
             positions.append(b * width + j - start)
             targets.append(tokens[j + 1])
-            sets.append(alternatives.get(j + 1, (tokens[j + 1],)))   # a set, or just the label token
-            scales.append(rejected[b].get(j + 1, 1.0))
-            unlikely.append(1.0 if rejected[b] else 0.0)
     n = len(positions)
     if n == 0:
         raise ValueError("batch has no assistant tokens to train on")
     padded = round_up(n, pad_to)
     weights = np.zeros(padded, dtype=np.float32)
-    weights[:n] = scales
+    weights[:n] = 1.0
     positions += [0] * (padded - n)
     targets += [0] * (padded - n)
-    choices = None
-    if any(alternatives for _, _, alternatives in seqs):
-        choices = np.full((padded, max(len(c) for c in sets)), -1, dtype=np.int32)
-        for i, c in enumerate(sets):
-            choices[i, :len(c)] = c
-        choices[n:, 0] = 0                  # padding rows: any token (their weight is 0)
-        choices = mx.array(choices)
-    flags = mx.array(np.array(unlikely + [0.0] * (padded - n), dtype=np.float32)) if any(unlikely) else None
     return SFTBatch(mx.array(inputs), mx.array(np.array(positions, dtype=np.int32)),
                     mx.array(np.array(targets, dtype=np.int32)), mx.array(weights), n,
-                    sum(len(s[0]) for s in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None,
-                    choices, flags)
+                    sum(len(s[0]) for s in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None)
 
 
 def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx.array, mx.array]:
@@ -110,23 +86,8 @@ def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx
     return full, (positions // width) * (width + c) + positions % width + c
 
 
-def set_cross_entropy(logits: mx.array, choices: mx.array) -> mx.array:
-    """(P,) -log of the probability that the next token is any of `choices` (P, K) (-1 entries unused)."""
-    picked = mx.take_along_axis(logits, mx.maximum(choices, 0), axis=-1)
-    picked = mx.where(choices >= 0, picked, -mx.inf)
-    return mx.logsumexp(logits, axis=-1) - mx.logsumexp(picked, axis=-1)
-
-
-def unlikelihood(ce: mx.array, floor: float = 1e-6) -> mx.array:
-    """-log(1 - p) for p = exp(-ce), the probability of a token the model should not say; 1 - p is kept
-    above `floor` so a token the model is sure of gives a large finite loss."""
-    return -mx.log(mx.maximum(-mx.expm1(-ce), floor))
-
-
-def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None, choices=None,
-             unlikely=None):
-    """(summed weighted loss over real targets, their summed weight): cross-entropy, or the unlikelihood loss
-    where `unlikely` is 1. `prefix`, `choices`, `unlikely`: see `make_batch`."""
+def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None):
+    """(summed weighted cross-entropy over real targets, their summed weight); `prefix`: see `make_batch`."""
     if prefix is not None and (full_logits or not has_split_head(model)):
         inputs, positions = unshare(prefix, inputs, positions)
         prefix = None
@@ -135,13 +96,11 @@ def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = Fal
     else:
         gather = full_logits_at if full_logits else selected_logits
         logits = gather(model, inputs, positions).astype(mx.float32)
-    ce = nn.losses.cross_entropy(logits, targets) if choices is None else set_cross_entropy(logits, choices)
-    if unlikely is not None:
-        ce = mx.where(unlikely > 0, unlikelihood(ce), ce)
+    ce = nn.losses.cross_entropy(logits, targets)
     return (ce * weights).sum(), weights.sum()
 
 
 def mean_loss(model, batch: SFTBatch, full_logits: bool = False) -> mx.array:
     total, count = loss_sum(model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits,
-                            batch.prefix, batch.choices, batch.unlikely)
+                            batch.prefix)
     return total / count

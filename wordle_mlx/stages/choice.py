@@ -1,8 +1,9 @@
-"""`wordle-mlx choice`: SFT data labelled with the fitting word the model itself likes best (expert iteration).
+"""`wordle-mlx data self-play`: SFT data labelled with the fitting word the model itself likes best (expert
+iteration).
 
 The teacher's labels (`wordle-mlx data`) are the best-splitting candidate, an arbitrary word from the model's
-point of view, and a 270M model on a CPU budget does not fit them: session 9's DAgger round won 29 of 320
-*train* secrets, whose boards were all in its data. Any answer that fits the clues is a good move (hard-mode
+point of view, and a 270M model on a CPU budget does not fit them: trained on the teacher's replies on the
+boards it reached itself (a DAgger round), it won 29 of 320 *train* secrets. Any answer that fits the clues is a good move (hard-mode
 play with consistent answers wins nearly every game), so this stage keeps the rule and changes the label: on
 each board the target is the candidate answer (the answers consistent with the feedback, as the teacher uses)
 to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run once per
@@ -13,10 +14,7 @@ data follows the path the model will take once it plays its labels. This is reje
 (expert iteration) with the samples replaced by exact scores of every fitting answer. Each distinct example
 appears min(traffic, `traffic_cap`) times (traffic: how many secrets' games pass through it), and
 `retry_fraction` of them get one more copy whose prompt reports a made-up invalid previous reply, as `data`
-does. With `own_retries` the model also decodes every board greedily, and where its reply is a non-word the
-board appears again (as often as the board itself) with the prompt the game would show next: that word
-rejected ("XXXXX is not in the word list. Try again.", or as `prompt.rejected_word` shows it), and the same
-label; with 2, a second non-word on that prompt gives one more. A model told its own word is not a word mostly says it again (session 25). Records use
+does. Records use
 `data`'s chat JSONL schema (meta mode `self_choice`) and pass its replay check before anything is written.
 """
 
@@ -38,7 +36,6 @@ from ..game.state import MAX_GUESSES, check_guess
 from ..game.words import answers
 from ..llm.prompts import PromptConfig, build_messages, choose_prompt, format_reply
 from ..progress import console, progress_bar
-from .dagger import played_secrets
 from .data import invalid_reply, teacher_guess, write_checked_sft
 from .entropy import load_table
 
@@ -46,8 +43,8 @@ from .entropy import load_table
 class ChoiceConfig(StrictModel):
     model: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
     adapter: str | None = Field(None, description="LoRA adapter folder of the model whose choices label the data.")
-    dtype: str | None = None
-    out: str = Field(..., description="Output folder for train.jsonl, valid.jsonl and stats.json.")
+    dtype: str | None = Field(None, description="float32, bfloat16 or float16 (default: the model's).")
+    out: str = Field("data/self-play", description="Output folder for train.jsonl, valid.jsonl and stats.json.")
     train_games: int | None = Field(None, ge=1, description="Train secrets played (None: the whole train split).")
     valid_games: int | None = Field(None, ge=1, description="Valid secrets played (None: the whole valid split).")
     traffic_cap: int = Field(8, ge=1, description="Each distinct example appears min(traffic, cap) times.")
@@ -56,14 +53,9 @@ class ChoiceConfig(StrictModel):
     prompt: PromptConfig | None = Field(None, description="Prompt settings (None: the adapter's, else the default).")
     opener: str | None = Field(None, description="Label of the empty board, so every game's first guess (an answer "
                                "word); None: the fitting answer the model scores highest, as on every other board.")
-    own_retries: int = Field(0, ge=0, le=2, description=(
-        "Rounds of retry examples built from the model's own greedy non-words (0: none; 1: after its first "
-        "reply on a board; 2: also after its reply to that retry prompt, when that is another non-word). Session 25: "
-        "one SFT pass with them (45 -> 55) did no better than without (57), and the model still repeats its "
-        "rejected word (docs/RESULTS.md)."))
     score_chunk: int = Field(32, ge=1, description="Candidate replies scored per forward pass.")
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Which secrets are played and the retry examples.")
-    progress: bool = True
+    progress: bool = Field(True, description="Show progress bars.")
 
     @field_validator("opener")
     @classmethod
@@ -89,7 +81,7 @@ class ChoiceLabeler:
         return build_messages(self.prompt, history, (), MAX_GUESSES, last_error=last_error)
 
     def reply(self, word: str) -> str:
-        return format_reply(None, word, False, self.prompt.guess_format)
+        return format_reply(None, word, self.prompt.guess_format)
 
     def label(self, history: list[tuple[str, str]]) -> tuple[str, int, float | None]:
         """(word, number of candidates, its log-probability or None when it was not scored: the only candidate,
@@ -155,50 +147,21 @@ def weighted_records(examples: dict[str, dict], traffic: Counter, cfg: ChoiceCon
     return records
 
 
-def own_retry_records(records: list[dict], model, tokenizer, prompt: PromptConfig, allowed: frozenset,
-                      rounds: int, batch: int = 64, generate_fn=None) -> tuple[list[dict], dict]:
-    """Retry examples from the model's own greedy non-words on the boards of `records` (made-up retries are
-    left out). Each distinct board is decoded greedily; a non-word reply W gives the record with the prompt
-    the game shows next (W rejected) and the board's label, repeated as often as the board is in `records`;
-    with `rounds` 2 that prompt is decoded too, and a non-word other than W gives one more (a prompt that two
-    records label differently keeps the first one's label). Returns the new records and counts (prompts
-    decoded, non-words, records made, per round). `generate_fn` (token-id prompts, SamplingConfig) ->
-    completions replaces mlx-lm batching (tests script the replies)."""
-    from ..llm.generation import BatchedGenerator, SamplingConfig
-    from ..llm.prompts import NOT_A_WORD, parse_reply
+def secrets_for(split: list[str], n: int, seed: int, name: str) -> list[str]:
+    """The first `n` words of a seeded shuffle of one split (the seed string predates this stage's name and is
+    kept, so the same config plays the same secrets)."""
+    if n > len(split):
+        raise UserError(f"self-play: {name}_games {n} is more than the {len(split)} words of the {name} split")
+    order = sorted(split)
+    random.Random(f"wordle-mlx-dagger|{seed}|{name}").shuffle(order)
+    return order[:n]
 
-    boards: dict[str, list] = {}                 # prompt text -> [record, copies]
-    for r in records:
-        if "retry_error" not in r["meta"]:
-            key = json.dumps(r["messages"][:-1])
-            boards.setdefault(key, [r, 0])[1] += 1
-    generate = generate_fn or BatchedGenerator(model, tokenizer)
-    sampling = SamplingConfig(temperature=0.0, max_tokens_per_turn=16)
 
-    def greedy_words(message_lists: list[list[dict]]) -> list:
-        ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in message_lists]
-        out = [c for i in range(0, len(ids), batch) for c in generate(ids[i:i + batch], sampling)]
-        return [parse_reply(c.text, prompt.require_think, allowed) for c in out]
-
-    new, counts = [], {"boards": len(boards), "rounds": []}
-    pending = [(record, copies, None) for record, copies in boards.values()]   # (record, copies, rejected)
-    for _ in range(rounds):
-        parsed = greedy_words([p[0]["messages"][:-1] for p in pending]) if pending else []
-        made, nxt = 0, []
-        for (record, copies, rejected), reply in zip(pending, parsed):
-            if reply.error != NOT_A_WORD or reply.guess == rejected:
-                continue
-            meta = record["meta"]
-            history = [(g, feedback(g, meta["secret"])) for g in meta["history"]]
-            error = (NOT_A_WORD, reply.guess)
-            messages = build_messages(prompt, history, (), MAX_GUESSES, last_error=error) + [record["messages"][-1]]
-            retry = {"messages": messages, "meta": {**meta, "retry_error": list(error), "retry_source": "own"}}
-            new.extend([retry] * copies)
-            nxt.append((retry, copies, reply.guess))
-            made += copies
-        counts["rounds"].append({"prompts": len(pending), "non_words": len(nxt), "records": made})
-        pending = nxt
-    return new, counts
+def played_secrets(cfg, splits: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The secrets a self-play round (`cfg`: its config) plays, train then valid: the first `train_games` /
+    `valid_games` (None: the whole split) of a seeded shuffle of the split."""
+    return {split: secrets_for(splits[split], len(splits[split]) if n is None else n, cfg.seed, split)
+            for split, n in (("train", cfg.train_games), ("valid", cfg.valid_games))}
 
 
 def run(cfg: ChoiceConfig) -> dict:
@@ -215,7 +178,6 @@ def run(cfg: ChoiceConfig) -> dict:
     model, tokenizer = load_model(cfg.model, adapter_path=adapter, dtype=cfg.dtype)
     model.eval()
     labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener)
-    allowed = frozenset(solver.table.guesses)
     teacher_memo: dict[tuple, str] = {}
 
     data, stats = {}, {"model": cfg.model, "adapter": cfg.adapter, "seed": cfg.seed, "prompt": prompt.model_dump(),
@@ -227,10 +189,6 @@ def run(cfg: ChoiceConfig) -> dict:
             examples, traffic, games = self_play(secrets, labeler, advance)
         rng = random.Random(f"wordle-mlx-choice|{cfg.seed}|{split}")
         data[split] = weighted_records(examples, traffic, cfg, labeler, rng)
-        if cfg.own_retries:
-            retries, own_counts = own_retry_records(data[split], model, tokenizer, prompt, allowed, cfg.own_retries)
-            data[split] += retries
-            random.Random(f"wordle-mlx-own-retries|{split}").shuffle(data[split])
         agree = 0
         for record in examples.values():
             meta = record["meta"]
@@ -247,7 +205,6 @@ def run(cfg: ChoiceConfig) -> dict:
             "game_length_histogram": {str(k): lengths.get(k, 0) for k in range(1, MAX_GUESSES + 1)},
             "distinct_examples": len(examples), "records": len(data[split]),
             "retry_records": sum("retry_error" in r["meta"] for r in data[split]),
-            **({"own_retries": own_counts} if cfg.own_retries else {}),
             "same_as_teacher": agree, "seconds": round(time.monotonic() - t0, 1)}
     stats["scored_replies"] = labeler.scored_replies
     stats["openers"] = dict(Counter(r["meta"]["target"] for r in data["train"] if not r["meta"]["history"]))

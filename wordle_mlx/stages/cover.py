@@ -1,17 +1,17 @@
-"""`wordle-mlx cover`: add answer-coverage examples to an SFT data folder, so the model learns to name every answer.
+"""`wordle-mlx data cover`: add answer-coverage examples to an SFT data folder, so the model learns to name
+every answer.
 
-A 270M model that has narrowed a held-out game to one answer often cannot spell it (session 32: 83 of 137
-losses end on three non-words with only the secret left), while words that some training board used as a
-label it spells. This stage reads a bare-guess SFT data folder (`choice` or `data` output with context
+A 270M model that has narrowed a held-out game to one answer often cannot spell it (83 of 137 losses of one
+run ended on three non-words with only the secret left), while words that some training board used as a
+label it spells. This stage reads a bare-guess SFT data folder (`data self-play` or `data` output with context
 `summary`), takes the boards of its train records, and for every answer word adds `per_word` examples (each
 `copies` times) on the boards where that word fits the clues with the fewest other answers, as a guess that is
-not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers
-and with more boards from the entropy solver's games on the same secrets (`solver_openers`).
+not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers.
 Every answer is treated alike; the secrets stay the folder's train secrets, so no test word is ever a secret.
 The train records and the new ones are shuffled together; valid records are copied as they are. Everything
-passes `data`'s replay check before the folder is written (atomically). Session 32: `--max-candidates 5
---copies 4` raised one SFT pass from 63 to 73 / 200 held out, all of it on the test words it taught to say;
-session 33: a second seed of that pass won 60 (the taught words 14, against 5-7 without coverage).
+passes `data`'s replay check before the folder is written (atomically). Measured (docs/RESULTS.md):
+`--max-candidates 5 --copies 4` raised one SFT pass from 63 to 73 / 200 held out, all of it on the test words
+it taught to say; a second seed of that pass won 60 (the taught words 14, against 5-7 without coverage).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pydantic import Field
 
 from ..config import StrictModel, read_json_file, resolve_path
 from ..errors import UserError
-from ..game.coverage import coverage_examples, solver_boards, top_openers
+from ..game.coverage import coverage_examples
 from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.splits import split_answers
@@ -38,32 +38,27 @@ from .entropy import load_table
 
 
 class CoverConfig(StrictModel):
-    data: str = Field(..., description="Input SFT data folder (train.jsonl, valid.jsonl, stats.json).")
-    out: str = Field(..., description="Output folder: the input's records plus the coverage examples.")
+    data: str = Field("data/self-play", description="Input SFT data folder (train.jsonl, valid.jsonl, stats.json).")
+    out: str = Field("data/cover", description="Output folder: the input's records plus the coverage examples.")
     per_word: int = Field(1, ge=1, le=16, description="Distinct boards per answer word.")
-    copies: int = Field(1, ge=1, le=16, description="Times each coverage example appears (as `choice` repeats "
+    copies: int = Field(4, ge=1, le=16, description="Times each coverage example appears (as self-play repeats "
                         "its busy boards); a board's tight spots are few, so this is how a word is said more often.")
-    max_candidates: int | None = Field(None, ge=2, description=(
-        "Only boards on which at most this many answers fit (None: any board, down to the empty one). Session 32: "
-        "labels on broad boards (e.g. 61 answers after one guess) taught odd early guesses and raised non-words."))
-    solver_openers: int = Field(0, ge=0, le=64, description=(
-        "Also take boards from the entropy solver's games on the folder's own train secrets, one game per secret "
-        "for each of this many best answer-word openers (0: the folder's boards only). The folder's boards win "
-        "ties. Session 36: 10 openers leave 64 answers without a board of at most 5 fitting answers, not 1,402, "
-        "but one SFT pass on that data won 47-59 / 200 (1 or 4 copies, 240 or 405 steps) against the recipe's 73."))
+    max_candidates: int | None = Field(5, ge=2, description=(
+        "Only boards on which at most this many answers fit (None: any board, down to the empty one). Labels on "
+        "broad boards (e.g. 61 answers after one guess) taught odd early guesses and raised non-words."))
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Shuffle of the merged train records.")
-    progress: bool = True
+    progress: bool = Field(True, description="Show progress.")
 
 
 def read_folder(folder: Path) -> tuple[list[dict], list[dict], dict]:
     """(train records, valid records or [], stats) of an SFT data folder; one-line errors for what is missing."""
     for name in ("train.jsonl", "stats.json"):
         if not (folder / name).is_file():
-            raise UserError(f"cover: data {folder}: no {name} there (expected a `choice` or `data` output folder)")
+            raise UserError(f"cover: data {folder}: no {name} there (expected a `data` or `data self-play` output folder)")
     valid = read_sft_jsonl(folder / "valid.jsonl") if (folder / "valid.jsonl").is_file() else []
     stats = read_json_file(folder / "stats.json")
     if not isinstance(stats, dict) or not isinstance(stats.get("prompt"), dict):
-        raise UserError(f"cover: {folder / 'stats.json'}: no prompt object (expected a `choice` or `data` output)")
+        raise UserError(f"cover: {folder / 'stats.json'}: no prompt object (expected a `data` or `data self-play` output)")
     return read_sft_jsonl(folder / "train.jsonl"), valid, stats
 
 
@@ -85,20 +80,17 @@ def run(cfg: CoverConfig) -> dict:
         if not (isinstance(meta, dict) and isinstance(meta.get("secret"), str)
                 and isinstance(meta.get("history"), list)):
             raise UserError(f"cover: {src / 'train.jsonl'} record {i}: no meta.secret and meta.history (needs "
-                            "`choice` or `data` output)")
+                            "`data` or `data self-play` output)")
         boards.append((meta["secret"], meta["history"]))
     if any(secret in splits["test"] for secret, _ in boards):
         raise UserError(f"cover: {src / 'train.jsonl'} has a test secret; refusing to build on it")
-    openers = top_openers(solver, cfg.solver_openers) if cfg.solver_openers else []
-    if openers:     # the same secrets, more boards: never a secret the folder did not already have
-        boards += solver_boards(solver, dict.fromkeys(secret for secret, _ in boards), openers)
     examples, uncovered = coverage_examples(boards, solver.table.answers, solver, cfg.per_word,
                                              cfg.max_candidates)
     records = []
     for ex in examples:
         history = [(g, feedback(g, ex.secret)) for g in ex.history]
         messages = build_messages(prompt, history, (), MAX_GUESSES) + [
-            {"role": "assistant", "content": format_reply(None, ex.word, False, prompt.guess_format)}]
+            {"role": "assistant", "content": format_reply(None, ex.word, prompt.guess_format)}]
         records.append({"messages": messages, "meta": {
             "secret": ex.secret, "history": list(ex.history), "seeded": 0, "mode": "answer_coverage",
             "target": ex.word, "candidates": ex.candidates}})
@@ -108,7 +100,7 @@ def run(cfg: CoverConfig) -> dict:
     test = set(splits["test"])
     stats = {**stats, "coverage": {
         "input": str(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates,
-        "solver_openers": openers, "seed": cfg.seed, "examples": len(records), "records_added": len(records) * cfg.copies,
+        "seed": cfg.seed, "examples": len(records), "records_added": len(records) * cfg.copies,
         "input_train_records": len(train), "words_covered": len({ex.word for ex in examples}),
         "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test),
         "candidates_median": float(np.median(sizes)), "candidates_max": int(sizes.max()),

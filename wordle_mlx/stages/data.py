@@ -1,14 +1,13 @@
-"""`wordle-mlx data`: synthetic SFT and RL data from history-seeded boards and the solver as teacher.
+"""`wordle-mlx data`: synthetic SFT data from history-seeded boards and the solver as teacher.
 
-SFT mode writes mlx-lm chat JSONL (`train.jsonl`, `valid.jsonl`: `{"messages": [...], "meta": {...}}`;
+It writes mlx-lm chat JSONL (`train.jsonl`, `valid.jsonl`: `{"messages": [...], "meta": {...}}`;
 mlx-lm's ChatDataset reads only `messages`, so `mlx_lm.lora --data DIR` trains on these files as they
 are). The prompt is `prompts.build_messages` for a seeded board; the target is `format_reply(think,
 guess)` where the guess is the teacher's: the greedy-entropy choice, or the best-splitting candidate
 when at most `candidate_threshold` candidates remain; the think text comes from `game/thinking.py`.
 With `turns_per_game > 1` the teacher keeps playing from the seeded start and every turn is its own
 example; `max_copies` caps how often one (prompt, target) example may occur (teacher games from the empty
-board would otherwise spend a quarter of the data on the opener board). RL mode writes `rl_train.jsonl` / `rl_valid.jsonl` records `{"secret", "history", "mode"}` for
-GRPO. Secrets come from the fixed split (train for train, valid for valid; never test: asserted), every
+board would otherwise spend a quarter of the data on the opener board). Secrets come from the fixed split (train for train, valid for valid; never test: asserted), every
 record is replayed through the engine before anything is written (`replay_problem`), and `stats.json`
 records counts, the history-length histogram, target length and the replay check. Output depends only
 on the config and the seed.
@@ -21,8 +20,6 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Literal
-
 import numpy as np
 from pydantic import Field, model_validator
 
@@ -61,24 +58,19 @@ class HistoryConfig(StrictModel):
 
 
 class DataConfig(StrictModel):
-    mode: Literal["sft", "rl"] = "sft"
-    out: str = "data/sft"
-    seed: int = 0
-    train_examples: int = Field(2000, ge=1)
-    valid_examples: int = Field(200, ge=1)
-    think_style: ThinkStyle = "brief"
+    out: str = Field("data/sft", description="Output folder (relative to the config file, or to the working "
+                     "folder without one).")
+    seed: int = Field(0, description="Secrets, seeded boards and retry examples.")
+    train_examples: int = Field(10000, ge=1, description="Seeded examples in train.jsonl.")
+    valid_examples: int = Field(300, ge=1, description="Seeded examples in valid.jsonl.")
+    think_style: ThinkStyle = Field("none", description="Reasoning written before the guess: none, brief or full.")
     max_named: int = Field(5, ge=0, description="Candidates named in the think text.")
-    candidate_threshold: int = Field(3, ge=1, description="With at most this many candidates, play one of them.")
-    turns_per_game: int = Field(1, ge=1, le=MAX_GUESSES, description="Teacher turns per seeded start (SFT).")
-    retry_fraction: float = Field(0.0, ge=0, le=1, description="Share of SFT examples whose prompt reports an "
+    candidate_threshold: int = Field(100000, ge=1, description="With at most this many candidates, play one of "
+                                     "them (the best-splitting); above, the solver's guess.")
+    turns_per_game: int = Field(6, ge=1, le=MAX_GUESSES, description="Teacher turns per seeded start.")
+    retry_fraction: float = Field(0.1, ge=0, le=1, description="Share of examples whose prompt reports an "
                                   "invalid previous reply (as the game engine does), so the model learns to recover.")
-    space_before_guess: bool = Field(False, description="Targets write `<guess> word</guess>`: with the space, "
-                                     "most answers are a single Gemma token (the one the think text uses), "
-                                     "so the model copies one token instead of spelling sub-word pieces.")
-    one_token_words: bool = Field(False, description="Teacher guesses and the think's named candidates come from "
-                                  "words that are a single token after a space in `tokenizer` (where any such word "
-                                  "fits), so the model learns to write each word as one token.")
-    max_copies: int | None = Field(None, ge=1, description="Keep at most this many copies of one (prompt, "
+    max_copies: int | None = Field(100, ge=1, description="Keep at most this many copies of one (prompt, "
                                    "target) example; None keeps all. Teacher games from the empty board repeat "
                                    "the same early boards for every secret (the opener board every time).")
     empty_board_copies: int = Field(0, ge=0, description="SFT: also add every distinct example of the teacher's "
@@ -88,12 +80,13 @@ class DataConfig(StrictModel):
                                                 "its traffic, the number of the split's secrets whose game passes "
                                                 "through it, capped here: empty_board_copies x min(traffic, cap) "
                                                 "copies. None: every board empty_board_copies times.")
-    history: HistoryConfig = HistoryConfig()
-    prompt: PromptConfig = PromptConfig()
-    answers_list: str = "answers"
-    allowed_list: str = "allowed"
+    history: HistoryConfig = Field(default_factory=lambda: HistoryConfig(
+        k_weights=[0.5, 0.2, 0.15, 0.1, 0.05], solver=0.3, random=0.55, mistake=0.15))
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    answers_list: str = Field("answers", description="'answers' or a word-list file.")
+    allowed_list: str = Field("allowed", description="'allowed', 'nyt' or a word-list file.")
     tokenizer: str | None = Field(None, description="Model spec whose tokenizer counts target tokens.")
-    progress: bool = True
+    progress: bool = Field(True, description="Show progress bars.")
 
     @model_validator(mode="after")
     def _think_matches_prompt(self) -> "DataConfig":
@@ -101,8 +94,6 @@ class DataConfig(StrictModel):
             raise ValueError("think_style 'none' needs prompt.require_think false (targets would lack <think>)")
         if self.retry_fraction > 0 and self.prompt.context != "summary":
             raise ValueError("retry_fraction > 0 needs prompt.context 'summary' (the error is noted in the state)")
-        if self.one_token_words and self.tokenizer is None:
-            raise ValueError("one_token_words needs a tokenizer (a model spec such as builtin:gemma-3-270m)")
         return self
 
 
@@ -124,40 +115,12 @@ def invalid_reply(rng: random.Random, table: PatternTable) -> tuple[str, str]:
         word = rng.choice(table.guesses)
 
 
-def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int,
-                  preferred: frozenset[str] | None = None) -> str:
-    """The solver's guess, or the best-splitting candidate (ties: alphabetical) when few candidates remain.
-
-    With `preferred` (e.g. the words that are one token), the choice is made among the preferred candidates
-    (or preferred guesses, when the solver's branch applies) whenever there is one; else as without it."""
+def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) -> str:
+    """The solver's guess, or the best-splitting candidate (ties: alphabetical) when few candidates remain."""
     if len(cols) <= candidate_threshold:
-        pick = cols
-        if preferred is not None:
-            pick = np.array([c for c in cols if solver.table.answers[c] in preferred], dtype=cols.dtype)
-            if len(pick) == 0:
-                pick = cols
-        bits = np.round(entropies(solver.table.matrix[solver.answer_row[pick]], cols), 9)
-        return solver.table.answers[int(pick[int(np.argmax(bits))])]
-    best = solver.table.guesses[solver.best_guess_row(cols)]
-    if preferred is None or best in preferred:
-        return best
-    rows = np.array([solver.table.guess_index[w] for w in sorted(preferred) if w in solver.table.guess_index])
-    if len(rows) == 0:
-        return best
-    bits = np.round(entropies(solver.table.matrix[rows], cols), 9)
-    return solver.table.guesses[int(rows[int(np.argmax(bits))])]
-
-
-def preferred_first(words: list[str], preferred: frozenset[str] | None) -> list[str]:
-    """`words` with the preferred ones first (each group keeps its order)."""
-    if preferred is None:
-        return words
-    return [w for w in words if w in preferred] + [w for w in words if w not in preferred]
-
-
-def one_token_word_set(tokenizer, words: list[str]) -> frozenset[str]:
-    """The words that `tokenizer` encodes as a single token after a space (' crane' -> one id)."""
-    return frozenset(w for w in words if len(tokenizer.encode(" " + w, add_special_tokens=False)) == 1)
+        bits = np.round(entropies(solver.table.matrix[solver.answer_row[cols]], cols), 9)
+        return solver.table.answers[int(cols[int(np.argmax(bits))])]
+    return solver.table.guesses[solver.best_guess_row(cols)]
 
 
 @functools.lru_cache(maxsize=2)
@@ -183,7 +146,7 @@ def secret_stream(words: list[str], rng: random.Random):
 
 
 def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver, policy: HistoryPolicy,
-                 preferred: frozenset[str] | None = None, empty_board: bool = False) -> list[dict]:
+                 empty_board: bool = False) -> list[dict]:
     """One seeded start for `secret` (or the empty board), then up to `turns_per_game` teacher turns, one
     example each."""
     seeded, mode = ([], "empty") if empty_board else seed_history(secret, rng, solver, policy)
@@ -195,15 +158,15 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
             break
         history = [(g, feedback(g, secret)) for g in guesses]
         cols = solver.candidate_columns(history)
-        guess = teacher_guess(solver, cols, cfg.candidate_threshold, preferred)
-        cands = preferred_first([solver.table.answers[c] for c in cols], preferred)
+        guess = teacher_guess(solver, cols, cfg.candidate_threshold)
+        cands = [solver.table.answers[c] for c in cols]
         think = think_text(history, cands, guess, cfg.think_style, cfg.max_named)
         retry = None
         if cfg.retry_fraction and rng.random() < cfg.retry_fraction:
             retry = invalid_reply(rng, solver.table)
         if retry is not None and think is not None:   # name the rejected word first, so the retry's text differs
             think = f"{retry_note(*retry)} {think}"
-        reply = format_reply(think, guess, cfg.space_before_guess, cfg.prompt.guess_format)
+        reply = format_reply(think, guess, cfg.prompt.guess_format)
         messages = build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=retry)
         messages.append({"role": "assistant", "content": reply})
         meta = {"secret": secret, "history": list(guesses), "seeded": len(seeded), "mode": mode, "target": guess}
@@ -217,8 +180,7 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
 
 def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str, splits: dict[str, set[str]]) -> str | None:
     """Why `record` does not replay through the engine (None when it does)."""
-    secret = record["secret"] if cfg.mode == "rl" else record["meta"]["secret"]
-    guesses = record["history"] if cfg.mode == "rl" else record["meta"]["history"]
+    secret, guesses = record["meta"]["secret"], record["meta"]["history"]
     if secret in splits["test"]:
         return f"secret {secret!r} is a test word"
     if secret not in splits[split]:
@@ -227,8 +189,6 @@ def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str,
         return "the seeded board is already over"
     if any(g not in allowed for g in guesses):
         return "history has a word that is not allowed"
-    if cfg.mode == "rl":
-        return None
     history = [(g, feedback(g, secret)) for g in guesses]
     messages = record["messages"]
     seeded = record["meta"]["seeded"]
@@ -260,7 +220,7 @@ def write_checked_sft(out: Path, data: dict[str, list[dict]], stats: dict, promp
                       think_style: ThinkStyle = "none") -> None:
     """Replay-check every SFT record that `check` selects (as `data` does its own), then write each split's
     JSONL and stats.json atomically; a record that fails is a bug, and nothing is written."""
-    cfg = DataConfig(mode="sft", think_style=think_style, prompt=prompt, progress=False)
+    cfg = DataConfig(think_style=think_style, prompt=prompt, progress=False)
     problems = [f"{split} record {i}: {p}" for split, records in data.items() for i, r in enumerate(records, 1)
                 if check(r) and (p := replay_problem(r, cfg, allowed, split, splits))]
     if problems:
@@ -270,8 +230,7 @@ def write_checked_sft(out: Path, data: dict[str, list[dict]], stats: dict, promp
     write_json_atomic(out / "stats.json", stats)
 
 
-def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]],
-               preferred: frozenset[str] | None = None) -> list[dict]:
+def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]]) -> list[dict]:
     rng = random.Random(f"wordle-mlx-data|{cfg.seed}|{split}")
     policy = cfg.history.policy()
     words = sorted(splits[split])
@@ -280,33 +239,28 @@ def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict
     records: list[dict] = []
     copies: Counter = Counter()
     idle = 0                  # games in a row that added nothing (every example already at max_copies)
-    with progress_bar(f"{cfg.mode} {split}", n, enabled=cfg.progress) as advance:
+    with progress_bar(f"sft {split}", n, enabled=cfg.progress) as advance:
         while len(records) < n:
             secret = next(secrets)
-            if cfg.mode == "rl":
-                seeded, mode = seed_history(secret, rng, solver, policy)
-                new = [{"secret": secret, "history": seeded, "mode": mode}]
-            else:
-                new = sft_examples(secret, cfg, rng, solver, policy, preferred)
-                if cfg.max_copies is not None:
-                    keys = [json.dumps(r["messages"]) for r in new]
-                    copies.update(keys)
-                    new = [r for r, key in zip(new, keys) if copies[key] <= cfg.max_copies]
-                new = new[: n - len(records)]
+            new = sft_examples(secret, cfg, rng, solver, policy)
+            if cfg.max_copies is not None:
+                keys = [json.dumps(r["messages"]) for r in new]
+                copies.update(keys)
+                new = [r for r, key in zip(new, keys) if copies[key] <= cfg.max_copies]
+            new = new[: n - len(records)]
             idle = 0 if new else idle + 1
             if idle > 10 * len(words):
                 raise UserError(f"data: max_copies {cfg.max_copies} leaves fewer than the {n} {split} examples "
                                 f"asked for (got {len(records)}); lower {split}_examples or raise max_copies")
             records.extend(new)
             advance(len(new))
-    if cfg.mode == "sft" and cfg.empty_board_copies:
-        records.extend(empty_board_examples(words, cfg, rng, solver, preferred))
+    if cfg.empty_board_copies:
+        records.extend(empty_board_examples(words, cfg, rng, solver))
         rng.shuffle(records)
     return records
 
 
-def empty_board_examples(words: list[str], cfg: DataConfig, rng: random.Random, solver: Solver,
-                         preferred: frozenset[str] | None) -> list[dict]:
+def empty_board_examples(words: list[str], cfg: DataConfig, rng: random.Random, solver: Solver) -> list[dict]:
     """The teacher's games from the empty board for all of `words`, each distinct example (board and
     reply) `empty_board_copies` times: the opener board, which every game shares, as often as a late board
     that one secret reaches. With `empty_board_traffic_cap`, each appears empty_board_copies x
@@ -317,7 +271,7 @@ def empty_board_examples(words: list[str], cfg: DataConfig, rng: random.Random, 
     distinct: dict[str, dict] = {}
     traffic: Counter = Counter()
     for secret in words:
-        for record in sft_examples(secret, whole_games, rng, solver, cfg.history.policy(), preferred, True):
+        for record in sft_examples(secret, whole_games, rng, solver, cfg.history.policy(), True):
             key = json.dumps(record["messages"])
             distinct.setdefault(key, record)
             traffic[key] += 1
@@ -339,28 +293,20 @@ def target_token_counts(records: list[dict], cfg: DataConfig) -> tuple[list[int]
     return counts, f"tokenizer {cfg.tokenizer}"
 
 
-def split_stats(records: list[dict], cfg: DataConfig, preferred: frozenset[str] | None = None) -> dict:
-    if cfg.mode == "rl":
-        lengths = [len(r["history"]) for r in records]
-        modes = Counter(r["mode"] for r in records)
-        secrets = {r["secret"] for r in records}
-    else:
-        lengths = [len(r["meta"]["history"]) for r in records]
-        modes = Counter(r["meta"]["mode"] for r in records)
-        secrets = {r["meta"]["secret"] for r in records}
+def split_stats(records: list[dict], cfg: DataConfig) -> dict:
+    lengths = [len(r["meta"]["history"]) for r in records]
+    modes = Counter(r["meta"]["mode"] for r in records)
+    secrets = {r["meta"]["secret"] for r in records}
     hist = Counter(lengths)
     stats = {"examples": len(records), "distinct_secrets": len(secrets),
              "history_length_histogram": {str(k): hist.get(k, 0) for k in range(max(lengths) + 1)},
              "modes": dict(sorted(modes.items()))}
-    if cfg.mode == "sft":
-        counts, how = target_token_counts(records, cfg)
-        stats["mean_target_tokens"] = round(float(np.mean(counts)), 2)
-        stats["target_tokens_counted_by"] = how
-        stats["distinct_prompts"] = len({json.dumps(r["messages"][:-1]) for r in records})
-        stats["distinct_examples"] = len({json.dumps(r["messages"]) for r in records})
-        stats["retry_examples"] = sum("retry_error" in r["meta"] for r in records)
-        if preferred is not None:
-            stats["one_token_targets"] = sum(r["meta"]["target"] in preferred for r in records)
+    counts, how = target_token_counts(records, cfg)
+    stats["mean_target_tokens"] = round(float(np.mean(counts)), 2)
+    stats["target_tokens_counted_by"] = how
+    stats["distinct_prompts"] = len({json.dumps(r["messages"][:-1]) for r in records})
+    stats["distinct_examples"] = len({json.dumps(r["messages"]) for r in records})
+    stats["retry_examples"] = sum("retry_error" in r["meta"] for r in records)
     return stats
 
 
@@ -379,10 +325,7 @@ def run(cfg: DataConfig) -> dict:
     split_sets = {name: set(words) for name, words in splits.items()}
     allowed = set(table.guesses)
     sizes = {"train": cfg.train_examples, "valid": cfg.valid_examples}
-    preferred = None
-    if cfg.one_token_words and cfg.mode == "sft":
-        preferred = one_token_word_set(load_tokenizer_for(cfg.tokenizer), table.guesses)
-    data = {split: make_split(split, n, cfg, solver, splits, preferred) for split, n in sizes.items()}
+    data = {split: make_split(split, n, cfg, solver, splits) for split, n in sizes.items()}
 
     problems = []
     for split, records in data.items():
@@ -393,19 +336,16 @@ def run(cfg: DataConfig) -> dict:
     if problems:  # a bug in generation, not bad input: never write such data
         raise AssertionError(f"{len(problems)} records failed the replay check; first: {problems[0]}")
 
-    prefix = "rl_" if cfg.mode == "rl" else ""
     for split, records in data.items():
-        write_text_atomic(out / f"{prefix}{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    stats = {"mode": cfg.mode, "seed": cfg.seed, "think_style": cfg.think_style if cfg.mode == "sft" else None,
+        write_text_atomic(out / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    stats = {"mode": "sft", "seed": cfg.seed, "think_style": cfg.think_style,
              "prompt": cfg.prompt.model_dump(), "history": cfg.history.model_dump(),
              "split_sizes": {name: len(words) for name, words in splits.items()},
              "replay_check": {"records": sum(len(r) for r in data.values()), "passed": sum(len(r) for r in data.values())},
-             **{split: split_stats(records, cfg, preferred) for split, records in data.items()}}
-    if preferred is not None:
-        stats["one_token_words"] = len(preferred)
-    write_json_atomic(out / ("rl_stats.json" if cfg.mode == "rl" else "stats.json"), stats)
+             **{split: split_stats(records, cfg) for split, records in data.items()}}
+    write_json_atomic(out / "stats.json", stats)
     if cfg.progress:
-        console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid {cfg.mode} records to {out}")
+        console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid SFT records to {out}")
     return {"out": str(out), **stats}
 
 

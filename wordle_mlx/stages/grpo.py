@@ -1,14 +1,13 @@
 """`wordle-mlx train`: GRPO with LoRA that plays complete Wordle games every step.
 
 Each step draws B prompts (a train-split secret and a seeded board, generated on the fly with
-`seeding.seed_history` or read from `rl_train.jsonl`), rolls them out G times in one lockstep batch
+`seeding.seed_history`), rolls them out G times in one lockstep batch
 (`episode` mode) or samples G replies per turn of one trajectory (`turn` mode), scores them with
 `game/rewards.py`, and makes one clipped-ratio policy-gradient update of the LoRA weights
 (`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch (so the
 ratio is 1 up to numerics and clipping rarely binds), zero-variance groups are dropped rather than
-trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off
-(`grpo.reference: "base"`) or with the LoRA weights the run started from (`"start"`, a copy of them).
-The model starts from the base weights or from an SFT adapter (`model.adapter`, whose LoRA layout it
+trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
+The model starts from the base weights or from an SFT adapter (`model.start_adapter`, whose LoRA layout it
 keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets
 `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`, `train`, `valid`), atomic checkpoints (adapters,
 optimizer, RNG state, prompt cursor) every N steps, and the final mlx-lm adapter in `adapters/`. `resume`
@@ -24,7 +23,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +41,7 @@ from ..stop_signals import StopSignals, agreed_stop
 from .entropy import load_table
 from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
 from ..llm.rollout import GameSpec, RolloutConfig
-from .grpo_anchor import SFTAnchor
-from .grpo_config import GRPOConfig, GRPOSection  # noqa: F401  (GRPOSection re-exported for callers)
+from .grpo_config import GRPOConfig
 
 
 class NonFiniteStop(UserError):
@@ -54,8 +51,7 @@ class NonFiniteStop(UserError):
 def rollout_config(cfg: GRPOConfig, temperature: float, seed: int) -> RolloutConfig:
     return RolloutConfig(temperature=temperature, max_tokens_per_turn=cfg.rl.max_completion_tokens,
                          completion_batch_size=cfg.rl.completion_batch_size, seed=seed,
-                         max_invalid_replies=cfg.rl.max_invalid_replies, invalid_costs_turn=cfg.rl.invalid_costs_turn,
-                         max_guesses=cfg.rl.max_turns, prompt=cfg.rl.prompt)
+                         max_invalid_replies=cfg.rl.max_invalid_replies, prompt=cfg.rl.prompt)
 
 
 def step_seed(base: int, step: int, round_: int = 0) -> int:
@@ -63,49 +59,23 @@ def step_seed(base: int, step: int, round_: int = 0) -> int:
     return (base * 1_000_003 + step * 7919 + round_ * 104_729) % (2 ** 31)
 
 
-def read_prompt_file(path: Path, train: set[str], allowed: frozenset) -> list[GameSpec]:
-    """RL prompt records `{"secret", "history", "mode"}`, one per line, checked against the train split."""
-    from ..game.state import GameState
-    from ..metrics import read_jsonl
-
-    specs = []
-    for lineno, rec in read_jsonl(path):
-        secret, history = rec.get("secret"), rec.get("history", [])
-        if secret not in train:
-            raise UserError(f"{path}:{lineno}: secret {secret!r} is not a train-split word")
-        if not isinstance(history, list) or any(g not in allowed for g in history):
-            raise UserError(f"{path}:{lineno}: history must be a list of allowed words, got {history!r}")
-        if GameState.from_history(secret, list(history)).over:
-            raise UserError(f"{path}:{lineno}: history {history!r} already ends the game")
-        specs.append(GameSpec(secret, list(history)))
-    if not specs:
-        raise UserError(f"{path}: no prompt records")
-    return specs
-
-
 class PromptSource:
-    """Draws the next B prompts: generated from an RNG, or read in order (cycling) from a file."""
+    """Draws the next B prompts: a train-split secret and a board seeded by `prompts`' history policy."""
 
     def __init__(self, cfg: GRPOConfig, solver: Solver, allowed: frozenset, seed: int):
         self.train = split_words("train")
         self.solver = solver
         p = cfg.prompts
-        self.policy = HistoryPolicy(tuple(p.k_weights), p.solver, p.random, p.mistake)
-        self.records = read_prompt_file(resolve_path(cfg, p.path), set(self.train), allowed) \
-            if p.source == "file" else None
+        self.policy = HistoryPolicy(tuple(p.k_weights))
         self.rng = random.Random(seed)
         self.cursor = 0
 
     def draw(self, n: int) -> list[GameSpec]:
         out = []
         for _ in range(n):
-            if self.records is not None:
-                out.append(self.records[self.cursor % len(self.records)])
-                self.cursor += 1
-            else:
-                secret = self.train[self.rng.randrange(len(self.train))]
-                seeded, _mode = seed_history(secret, self.rng, self.solver, self.policy)
-                out.append(GameSpec(secret, seeded))
+            secret = self.train[self.rng.randrange(len(self.train))]
+            seeded, _mode = seed_history(secret, self.rng, self.solver, self.policy)
+            out.append(GameSpec(secret, seeded))
         return out
 
     def state(self) -> dict:
@@ -123,7 +93,7 @@ def load_policy(cfg: GRPOConfig):
     from ..llm.lora import adapter_config, apply_lora, freeze_lora_below, lora_parameters
     from ..llm.models import load_model
 
-    adapter = str(resolve_path(cfg, cfg.model.adapter)) if cfg.model.adapter else None
+    adapter = str(resolve_path(cfg, cfg.model.start_adapter)) if cfg.model.start_adapter else None
     model, tokenizer = load_model(cfg.model.name, adapter_path=adapter, dtype=cfg.model.dtype)
     if adapter is not None:
         acfg = json.loads((Path(adapter) / "adapter_config.json").read_text())
@@ -132,7 +102,7 @@ def load_policy(cfg: GRPOConfig):
         for m in lora_layers:
             m.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
         if not lora_layers:
-            raise UserError(f"model.adapter {adapter!r}: no LoRA layers (only LoRA adapters can be trained further)")
+            raise UserError(f"model.start_adapter {adapter!r}: no LoRA layers (only LoRA adapters can be trained further)")
         if cfg.lora.train_layers is not None:
             freeze_lora_below(model, cfg.lora.train_layers)
         # The adapter keeps its layout (rank, scale, layers) but not its SFT dropout: GRPO uses lora.dropout
@@ -154,11 +124,11 @@ def make_optimizer(cfg: GRPOConfig):
     import mlx.optimizers as optim
 
     t = cfg.training
-    decay = optim.cosine_decay(t.learning_rate, max(1, t.steps - t.warmup_steps), t.min_learning_rate)
+    decay = optim.cosine_decay(t.learning_rate, max(1, t.steps - t.warmup_steps), t.learning_rate * t.min_lr_ratio)
     schedule = decay if t.warmup_steps == 0 else optim.join_schedules(
         [optim.linear_schedule(0.0, t.learning_rate, t.warmup_steps), decay], [t.warmup_steps])
     if t.optimizer == "sgd":
-        return optim.SGD(learning_rate=schedule, momentum=t.momentum, weight_decay=t.weight_decay), schedule
+        return optim.SGD(learning_rate=schedule, weight_decay=t.weight_decay), schedule
     return optim.AdamW(learning_rate=schedule, weight_decay=t.weight_decay), schedule
 
 
@@ -168,7 +138,7 @@ def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: froze
     from ..llm.step_metrics import game_counts, rates_from_counts
     from ..llm.rollout import play_games
 
-    rcfg = rollout_config(cfg, cfg.validation.temperature, step_seed(cfg.training.seed, 0, 1))
+    rcfg = rollout_config(cfg, 0.0, step_seed(cfg.training.seed, 0, 1))
     mine = world.shard(words)
     episodes = play_games(model, tokenizer, [GameSpec(w) for w in mine], rcfg, allowed) if mine else []
     replies = [t for ep in episodes for t in ep.turns]
@@ -183,15 +153,14 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
 
     from ..llm import grpo_step, step_metrics
     from ..llm.generation import BatchedGenerator
-    from ..llm.guide import GuideReplies
-    from ..llm.grpo_loss import LossSettings, snapshot_trainable
+    from ..llm.grpo_loss import LossSettings
     from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
     from ..llm.logits import set_grad_checkpoint
     from ..llm.memory import configure_metal_memory, free_cache
 
-    if cfg.model.adapter:   # play with the prompts the SFT adapter was trained on, unless rl.prompt is set
-        prompt = choose_prompt(cfg.rl.prompt, "prompt" in cfg.rl.model_fields_set, resolve_path(cfg, cfg.model.adapter))
+    if cfg.model.start_adapter:   # play with the prompts the SFT adapter was trained on, unless rl.prompt is set
+        prompt = choose_prompt(cfg.rl.prompt, "prompt" in cfg.rl.model_fields_set, resolve_path(cfg, cfg.model.start_adapter))
         cfg = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"prompt": prompt})})
     t, rl = cfg.training, cfg.rl
     world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
@@ -212,10 +181,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
             remove_tree(run_dir)   # a kill midway leaves the old run whole or gone
     run_dir = Path(world.broadcast_json(str(run_dir) if main else None))
     saved_cfg = cfg.model_dump(mode="json")
-    if cfg.model.adapter:
-        saved_cfg["model"]["adapter"] = str(resolve_path(cfg, cfg.model.adapter).resolve())
-    if cfg.prompts.path:
-        saved_cfg["prompts"]["path"] = str(resolve_path(cfg, cfg.prompts.path).resolve())
+    if cfg.model.start_adapter:
+        saved_cfg["model"]["start_adapter"] = str(resolve_path(cfg, cfg.model.start_adapter).resolve())
     saved_cfg["resume"] = None
     saved_cfg["overwrite"] = False
     saved_cfg["logs_dir"] = str(run_dir.parent.resolve())
@@ -224,29 +191,25 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     table = load_table(show_progress=show)
     solver = Solver(table)
     allowed = frozenset(guess_list())
-    rewards = Rewards(cfg.reward, answers(), max_guesses=rl.max_turns, mode=rl.mode)
+    rewards = Rewards(cfg.reward, answers(), mode=rl.mode)
     prompts = PromptSource(cfg, solver, allowed, t.seed)
-    valid_words = split_words("valid")[:cfg.validation.games]
+    valid_words = split_words("valid")[:cfg.game_eval.games]
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed
     model, tokenizer, acfg = load_policy(cfg)
     configure_metal_memory()
     if t.grad_checkpoint:
         set_grad_checkpoint(model)
-    start_weights = snapshot_trainable(model) if cfg.grpo.reference == "start" else None   # before any resume
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
     generate = generate_fn or BatchedGenerator(model, tokenizer)
-    anchor = SFTAnchor(cfg, model, tokenizer, rl.prompt, world) if cfg.anchor.data and cfg.anchor.weight > 0 else None
     settings = grpo_step.UpdateSettings(
         LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
-        cfg.grpo.averaging, cfg.grpo.advantage, cfg.grpo.expected_sharpness, cfg.grpo.unplayable_advantage,
-        t.max_grad_norm, t.max_tokens_per_microbatch, t.max_loss_tokens_per_microbatch,
-        reference_weights=start_weights, positive_only=cfg.grpo.positive_only)
-    guide = (GuideReplies(model, tokenizer, rollout_config(cfg, rl.temperature, t.seed), rl.guide_max_candidates)
-             if rl.guide == "choice" else None)
-    rollout = (partial(grpo_step.rollout_turn_mode, continue_with=rl.turn_continue, train_greedy=rl.train_greedy,
-                       turn_reward=rl.turn_reward, guide=guide)
-               if rl.mode == "turn" else grpo_step.rollout_episode_mode)
+        "token", cfg.grpo.advantage, t.max_grad_norm, t.max_tokens_per_microbatch,
+        t.max_loss_tokens_per_microbatch)
+    player = grpo_step.Player(model, tokenizer, generate)
+    group = grpo_step.GroupSettings(rl.num_generations, rl.turn_continue if rl.mode == "turn" else "best",
+                                    rl.trains_greedy)
+    rollout = grpo_step.rollout_turn_mode if rl.mode == "turn" else grpo_step.rollout_episode_mode
 
     st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
     step = 0
@@ -300,11 +263,10 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 mx.reset_peak_memory()
                 lr = float(schedule(optimizer.step))
                 before_step = prompts.state()
-                guided_before = guide.guided if guide else 0
                 specs = world.shard(prompts.draw(t.batch_prompts))   # prompts rank, rank + size, ... of the batch
                 mx.random.seed(rank_seed(step_seed(t.seed, step)))
                 rcfg = rollout_config(cfg, rl.temperature, rank_seed(step_seed(t.seed, step)))
-                out = rollout(model, tokenizer, specs, rl.num_generations, rcfg, allowed, rewards, generate)
+                out = rollout(player, specs, rcfg, allowed, rewards, group)
                 items, episodes, replies = list(out.items), list(out.episodes), list(out.replies)
                 tokens, rollout_s, resampled = out.tokens_generated, out.seconds, 0
                 for round_ in range(1, cfg.grpo.resample_zero_variance + 1):
@@ -319,7 +281,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     resampled += n_dead
                     if not fresh:
                         continue
-                    more = rollout(model, tokenizer, fresh, rl.num_generations, rcfg, allowed, rewards, generate)
+                    more = rollout(player, fresh, rcfg, allowed, rewards, group)
                     for it in more.items:
                         it.group += offset
                     items += list(more.items)
@@ -328,8 +290,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     tokens += more.tokens_generated
                     rollout_s += more.seconds
                 free_cache()                     # the rollout's KV caches, before the update's activations
-                anchor_grads, anchor_loss = anchor.grads(step) if anchor else (None, None)
-                upd = grpo_step.policy_update(model, optimizer, items, settings, world, anchor_grads)
+                upd = grpo_step.policy_update(model, optimizer, items, settings, world)
                 if upd.finite:
                     st["nonfinite_in_row"] = 0
                 else:
@@ -338,18 +299,15 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 parts = world.gather_json({      # every rank's games, so the metrics cover the whole batch
                     "rewards": [it.reward for it in items], "values": [it.values for it in items],
                     "counts": step_metrics.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
-                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9],
-                    "guided": (guide.guided if guide else 0) - guided_before})
+                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9]})
                 totals = np.array([r for p in parts for r in p["rewards"]])
                 slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
-                        "kl": upd.kl, "grad_norm": upd.grad_norm, "anchor_loss": anchor_loss,
+                        "kl": upd.kl, "grad_norm": upd.grad_norm,
                         "reward_mean": float(totals.mean()), "reward_std": float(totals.std()),
                         "rewards": step_metrics.value_stats([v for p in parts for v in p["values"]]),
                         **step_metrics.rates_from_counts([p["counts"] for p in parts]),
-                        "groups": upd.groups, "skipped_groups": upd.skipped_groups,
-                        "unplayable_groups": upd.unplayable_groups,
-                        "resampled_groups": resampled, "guided_replies": sum(p["guided"] for p in parts),
+                        "groups": upd.groups, "skipped_groups": upd.skipped_groups, "resampled_groups": resampled,
                         "nonfinite_skips": st["nonfinite_total"],
                         "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],
@@ -364,7 +322,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     raise NonFiniteStop(f"stopping at step {step}: the loss or gradient was not finite "
                                         f"{st['nonfinite_in_row']} steps in a row (updates skipped); "
                                         f"checkpoint saved in {path}")
-                if cfg.validation.every and (step % cfg.validation.every == 0 or step == t.steps):
+                if cfg.game_eval.every and (step % cfg.game_eval.every == 0 or step == t.steps):
                     rec = validate(model, tokenizer, cfg, valid_words, allowed, step, world)
                     free_cache()
                     metrics.write(rec)
@@ -374,11 +332,11 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                             save_adapters(run_dir / "adapters_best", model, acfg)
                     else:
                         st["bad_validations"] += 1
-                    patience = cfg.validation.early_stopping_patience
+                    patience = cfg.game_eval.early_stopping_patience
                     if patience and st["bad_validations"] >= patience:
                         stop_reason = f"early stopping: no better validation win rate in {patience} passes"
                         break
-                if t.checkpoint_every and step % t.checkpoint_every == 0:
+                if t.save_every and step % t.save_every == 0:
                     checkpoint(step)
                 if step < t.steps:
                     stop_signal = agreed_stop(stop, world)
@@ -401,4 +359,3 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     return {"run": str(run_dir), "step": step, "stopped": stop_reason, "signal": stop_signal,
             "adapters": str(run_dir / "adapters"), "checkpoint": str(path),
             "last": {k: v for k, v in last.items() if k != "games"}}
-

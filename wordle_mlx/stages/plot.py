@@ -40,22 +40,26 @@ class PlotConfig(StrictModel):
     json_output: bool = False
 
 
-def parse_list_options(args: list[str], names: tuple[str, ...] = LIST_OPTIONS) -> dict[str, list[str]]:
-    """Split `--compare A B --labels X Y` (or `--compare=A`) from leftover command-line words."""
+def list_option_values(argv: list[str], extra: list[str], names: tuple[str, ...] = LIST_OPTIONS) -> dict[str, list[str]]:
+    """The values of the options that take several (`--compare A B --labels X Y`, or `--compare=A`) from the
+    command line's words `argv`: every word after such an option up to the next option. `extra` are the words
+    the parser left over (the second and later values); one that no such option claims is an error."""
     values: dict[str, list[str]] = {name: [] for name in names}
     current: str | None = None
-    for word in args:
+    for word in argv:
         name, eq, value = word.partition("=")
         if name in names:
             current = name
             if eq:
                 values[name].append(value)
         elif word.startswith("-") and len(word) > 1 and not word[1:2].isdigit():
-            raise UserError(f"plot: unknown option {word!r} (see wordle-mlx plot --help)")
-        elif current is None:
-            raise UserError(f"plot: unexpected argument {word!r}; use --file FILE or --compare A B ...")
-        else:
+            current = None          # another option; the parser reads its value
+        elif current is not None:
             values[current].append(word)
+    claimed = [w for v in values.values() for w in v]
+    for word in extra:
+        if word not in claimed:
+            raise UserError(f"plot: unexpected argument {word!r}; use --file FILE or --compare A B ...")
     return values
 
 

@@ -7,8 +7,12 @@ weights implement the averaging: `token` (every model token in the step counts t
 `sequence` (each reply's tokens are averaged, then replies are averaged, original GRPO). Because weights
 are normalised over the whole step, micro-batches simply add their gradients. `grpo_loss` is
     sum_t w_t * -min(rho_t A_t, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A_t) + beta * KL_t,
-with rho_t = exp(new - old) against the rollout's own log-probs (same convention as generation.py:
-log_softmax(logits / T) at the sampled token, T = sampling temperature) and KL_t the k3 estimator
+with rho_t = exp(new - old), new = log_softmax(logits / T) at the sampled token in float32 (T = sampling
+temperature, generation.py's convention). The policy update (`grpo_step.policy_update`) makes one update per
+rollout, so its old log-probs are the trainer's own forward at the weights that sampled, `stop_gradient(new)`:
+the same function, float32 logits, before the update, hence rho_t is exactly 1 in every dtype (the sampler's
+log-probs come from bfloat16 or 4-bit logits on a Mac and differed by up to 0.04 nats). Given rollout
+log-probs (`batch_arrays(batch, rollout_logprobs=True)`), rho_t is taken against those. KL_t is the k3 estimator
 exp(ref - new) - (ref - new) - 1 to the reference policy: by default the same model with its LoRA
 switched off (`lora_disabled`: scale 0, no second copy of the weights), or, given reference LoRA weights
 (`lora_swapped`: e.g. the SFT adapter GRPO started from, kept as a second copy of the small LoRA arrays
@@ -249,12 +253,16 @@ class LossSettings:
     temperature: float = 1.0               # the temperature of the rollout log-probs
 
 
-def batch_arrays(batch: PolicyBatch) -> dict:
+def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True) -> dict:
+    """The micro-batch as MLX arrays; without `rollout_logprobs`, no "old" entry, and `grpo_loss` takes the
+    old log-probs from its own forward (`stop_gradient(new)`)."""
     import mlx.core as mx
 
     arrays = {"inputs": mx.array(batch.inputs), "positions": mx.array(batch.positions.astype(np.int32)),
-              "targets": mx.array(batch.targets), "old": mx.array(batch.old_logprobs),
-              "adv": mx.array(batch.advantages), "weights": mx.array(batch.weights)}
+              "targets": mx.array(batch.targets), "adv": mx.array(batch.advantages),
+              "weights": mx.array(batch.weights)}
+    if rollout_logprobs:
+        arrays["old"] = mx.array(batch.old_logprobs)
     if batch.prefix is not None:
         arrays["prefix"] = mx.array(batch.prefix)
     return arrays
@@ -287,7 +295,8 @@ def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
     new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], settings.temperature,
                             arrays.get("prefix"))
     w, adv = arrays["weights"], arrays["adv"]
-    ratio = mx.exp(new - arrays["old"])
+    old = arrays["old"] if "old" in arrays else mx.stop_gradient(new)   # see the module docstring
+    ratio = mx.exp(new - old)
     high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
     clipped = mx.clip(ratio, 1.0 - settings.epsilon, 1.0 + high)
     per_token = -mx.minimum(ratio * adv, clipped * adv)
@@ -300,5 +309,6 @@ def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
         per_token = per_token + settings.beta * kl
     loss = (w * per_token).sum()
     was_clipped = ((ratio < 1.0 - settings.epsilon) | (ratio > 1.0 + high)).astype(mx.float32)
-    stats = {"kl": (w * kl).sum(), "clip_fraction": (w * was_clipped).sum(), "ratio": (w * ratio).sum()}
+    stats = {"kl": (w * kl).sum(), "clip_fraction": (w * was_clipped).sum(), "ratio": (w * ratio).sum(),
+             "ratio_gap": mx.where(w > 0, mx.abs(ratio - 1.0), 0.0).max()}
     return loss, stats

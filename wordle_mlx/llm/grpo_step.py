@@ -232,6 +232,7 @@ class UpdateResult:
     seconds: float
     unplayable_groups: int = 0           # zero-variance groups trained with `unplayable_advantage`
     groups: int = 0                      # all the step's groups (every rank's), live or skipped
+    ratio_gap: float = 0.0               # max |ratio - 1| over this rank's trained tokens before the update (0)
 
 
 def shared_weights(lengths: Sequence[int], averaging: str, total_tokens: float, total_sequences: float) -> list:
@@ -290,14 +291,14 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         return grpo_loss(model, arrays, s.loss, ref)
 
     value_and_grad = nn.value_and_grad(model, loss_of)
-    grads, total_loss, kl, clip = None, 0.0, 0.0, 0.0
+    grads, total_loss, kl, clip, ratio_gap = None, 0.0, 0.0, 0.0, 0.0
     sharing = s.share_prompts and has_split_head(model)
     shared, rest = shared_prompt_groups(seqs, s.max_loss_tokens) if sharing else ([], list(range(len(seqs))))
     plain = [[rest[j] for j in idx] for idx in split_batch([seqs[i] for i in rest], s.max_tokens, s.max_loss_tokens)] \
         if rest else []
     for idx, pack in [(g, pack_shared_batch) for g in shared] + [(g, pack_batch) for g in plain]:
         batch = pack([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
-        arrays = batch_arrays(batch)
+        arrays = batch_arrays(batch, rollout_logprobs=False)     # old log-probs: the trainer's own, ratio 1
         ref = reference_logprobs(model, arrays, s.loss.temperature, s.reference_weights) if s.loss.beta > 0 else None
         (loss, stats), g = value_and_grad(arrays, ref)
         grads = g if grads is None else tree_map(lambda a, b: a + b, grads, g)
@@ -305,6 +306,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         total_loss += loss.item()
         kl += stats["kl"].item()
         clip += stats["clip_fraction"].item()
+        ratio_gap = max(ratio_gap, stats["ratio_gap"].item())
     if grads is None:                    # nothing trainable on this rank; the others still need its zeros
         grads = tree_map(mx.zeros_like, model.trainable_parameters())
     grads = world.sum_tree(grads)
@@ -322,7 +324,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         mx.eval(model.trainable_parameters(), optimizer.state)
     model.eval()
     return UpdateResult(total_loss, grad_norm, kl, clip, skipped, finite, finite, int(total_tokens),
-                        time.perf_counter() - start, unplayable, groups)
+                        time.perf_counter() - start, unplayable, groups, ratio_gap)
 
 
 def item_advantages(items: Sequence[ScoredItem], advantage: str, sharpness: float = 1.0) -> tuple[np.ndarray, int]:

@@ -4,9 +4,12 @@ Gemma 3's vocabulary has 262k entries, so projecting every position of a (batch,
 costs more than the rest of the model. Training losses (SFT) and token log-probs (GRPO) only need the
 positions that carry loss, so `selected_logits(model, inputs, positions)` runs the model body, gathers
 those hidden states, and projects just them. For `gemma3_text` (and the `gemma3` wrapper around it)
-the body is `model.model(inputs)` (already final-normed) and the head is the tied embedding
-`embed_tokens.as_linear` or `lm_head`; these models have no final logit soft-capping. Any other model
-falls back to full logits followed by the same gather, so results are identical either way.
+the body is `body_hidden` (mlx-lm's `Gemma3Model.__call__`, block by block, already final-normed) and the
+head is the tied embedding `embed_tokens.as_linear` or `lm_head`; these models have no final logit
+soft-capping. Any other model falls back to full logits followed by the same gather, so results are
+identical either way. Running the blocks ourselves lets a shared prompt's keys and values be passed to each
+block as plain inputs (`shared_prefix_logits`), which keeps gradient checkpointing (`set_grad_checkpoint`)
+exact with prefix sharing.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def project(model, hidden: mx.array) -> mx.array:
 def selected_logits(model, inputs: mx.array, positions: mx.array) -> mx.array:
     """(P, vocab) logits at `positions`, flat indices into the (B * L) positions of `inputs` (B, L)."""
     if has_split_head(model):
-        hidden = text_model(model).model(inputs)
+        hidden, _ = body_hidden(model, inputs)
         hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
         return project(model, hidden)
     logits = model(inputs)
@@ -51,32 +54,118 @@ def full_logits_at(model, inputs: mx.array, positions: mx.array) -> mx.array:
     return logits.reshape(-1, logits.shape[-1])[positions]
 
 
-class _PrefixCache:
-    """A training-time KV cache for one layer: the prefix's keys and values (with their autodiff graph),
-    then a batch of continuations that all attend to that one prefix (broadcast over the batch)."""
+class _BlockKV:
+    """The key/value store one transformer block sees in one call: the prefix's keys and values (given, read
+    only, broadcast over the batch) followed by this call's own, which it also keeps (`keys`, `values`). It is
+    made afresh inside every call, so a call that gradient checkpointing runs twice sees the same inputs twice
+    (a cache that grows on each call would see its own output the second time)."""
 
-    def __init__(self):
+    def __init__(self, prefix: tuple[mx.array, mx.array] | None = None):
+        self.prefix = prefix
+        self.offset = 0 if prefix is None else prefix[0].shape[2]
         self.keys = self.values = None
-        self.offset = 0
 
     def update_and_fetch(self, keys, values):
-        import mlx.core as mx
-
-        if self.keys is not None:
-            shape = (keys.shape[0],) + self.keys.shape[1:]
-            keys = mx.concatenate([mx.broadcast_to(self.keys, shape), keys], axis=2)
-            values = mx.concatenate([mx.broadcast_to(self.values, (values.shape[0],) + self.values.shape[1:]),
-                                     values], axis=2)
         self.keys, self.values = keys, values
-        self.offset = keys.shape[2]
+        if self.prefix is None:
+            return keys, values
+        pk, pv = self.prefix
+        keys = mx.concatenate([mx.broadcast_to(pk, (keys.shape[0],) + pk.shape[1:]), keys], axis=2)
+        values = mx.concatenate([mx.broadcast_to(pv, (values.shape[0],) + pv.shape[1:]), values], axis=2)
         return keys, values
 
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
-        from mlx_lm.models.base import create_causal_mask
 
-        if self.offset == 0 and not return_array and (window_size is None or n <= window_size):
-            return "causal"
-        return create_causal_mask(n, self.offset, window_size=window_size)
+def _attention_mask(n: int, offset: int, window_size: int | None):
+    """The causal mask of `n` new positions after `offset` earlier ones (mlx-lm's "causal" shortcut when it
+    means the same), limited to `window_size` positions back for sliding-window layers."""
+    from mlx_lm.models.base import create_causal_mask
+
+    if offset == 0 and (window_size is None or n <= window_size):
+        return "causal"
+    return create_causal_mask(n, offset, window_size=window_size)
+
+
+def set_grad_checkpoint(model, on: bool = True) -> None:
+    """Gradient checkpointing for training forwards: each transformer block keeps only its inputs and is run
+    again in the backward pass (less memory, about one more forward's compute). For Gemma 3 text models it is
+    a flag on this model that `body_hidden` reads: every block call is a pure function of its parameters, its
+    input and the prefix's keys/values (all explicit inputs of `mlx.nn.utils.checkpoint`), so prefix sharing
+    keeps its gradients. Any other model gets mlx-lm's `grad_checkpoint` (which patches its block class)."""
+    if has_split_head(model):
+        text_model(model).model.wordle_grad_checkpoint = bool(on)
+    elif on:
+        from mlx_lm.tuner.trainer import grad_checkpoint
+
+        grad_checkpoint(model.layers[0])
+
+
+def _block_call(layer, h, mask, prefix, keep_kv: bool):
+    kv = _BlockKV(prefix)
+    out = layer(h, mask, kv)
+    return (out, kv.keys, kv.values) if keep_kv else (out,)
+
+
+class _KeyedDropout:
+    """Stands in for a LoRA layer's `nn.Dropout` during one block call: the same masks every time the call
+    runs with the same `key`."""
+
+    def __init__(self, dropout, key: mx.array):
+        self.dropout, self.key = dropout, key
+
+    def __call__(self, x: mx.array) -> mx.array:
+        keep = self.dropout._p_1
+        if keep == 1 or not self.dropout.training:
+            return x
+        return (mx.random.bernoulli(keep, x.shape, key=mx.stop_gradient(self.key)) * x) * (1 / keep)
+
+
+def _with_dropout_key(layer, key: mx.array, fn, *args):
+    """`fn(*args)` with every dropout inside `layer` drawing its mask from `key` (split per dropout), so the
+    recomputation gradient checkpointing makes in the backward pass draws the forward pass's masks (with the
+    global random state, it would draw new ones and the gradient would belong to another mask)."""
+    import mlx.nn as nn
+
+    owners = [m for _, m in layer.named_modules() if isinstance(m.get("dropout"), nn.Dropout)]
+    saved = [m.dropout for m in owners]
+    for m, k in zip(owners, mx.random.split(key, max(len(owners), 1))):
+        m.dropout = _KeyedDropout(m.dropout, k)
+    try:
+        return fn(*args)
+    finally:
+        for m, d in zip(owners, saved):
+            m.dropout = d
+
+
+def body_hidden(model, inputs: mx.array, prefix_kv: list | None = None, keep_kv: bool = False):
+    """(final-normed hidden states (B, L, hidden), per-block (keys, values) of `inputs` if `keep_kv`) of a
+    Gemma 3 text body, the same computation as `Gemma3Model.__call__`; with `prefix_kv` (from an earlier call
+    with `keep_kv`, batch 1), every row of `inputs` continues that prefix. Blocks are checkpointed when
+    `set_grad_checkpoint` asked for it."""
+    import mlx.nn as nn
+
+    body = text_model(model).model
+    checkpoint = getattr(body, "wordle_grad_checkpoint", False)
+    h = body.embed_tokens(inputs)
+    h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    offset = 0 if prefix_kv is None else prefix_kv[0][0].shape[2]
+    pattern = body.sliding_window_pattern
+    global_mask = _attention_mask(inputs.shape[1], offset, None)
+    sliding_mask = _attention_mask(inputs.shape[1], offset, body.window_size) if pattern > 1 else None
+    kvs = []
+    for i, layer in enumerate(body.layers):
+        mask = global_mask if i % pattern == pattern - 1 else sliding_mask
+        prefix = None if prefix_kv is None else prefix_kv[i]
+        key = mx.random.randint(0, 2 ** 31 - 1, (2,)).astype(mx.uint32)   # this block's dropout masks
+        if checkpoint:
+            block = nn.utils.checkpoint(layer, lambda x, key, *pkv, layer=layer, mask=mask: _with_dropout_key(
+                layer, key, _block_call, layer, x, mask, pkv or None, keep_kv))
+            out = block(h, key, *(prefix or ()))
+        else:
+            out = _with_dropout_key(layer, key, _block_call, layer, h, mask, prefix, keep_kv)
+        h = out[0]
+        if keep_kv:
+            kvs.append(tuple(out[1:]))
+    return body.norm(h), kvs
 
 
 def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, positions: mx.array) -> mx.array:
@@ -87,9 +176,7 @@ def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, posit
     (GRPO turn mode: G replies to one prompt). Gemma 3 text models only (`has_split_head`)."""
     if not has_split_head(model):
         raise ValueError("shared_prefix_logits needs a gemma3_text model")
-    body = text_model(model).model
-    caches = [_PrefixCache() for _ in body.layers]
-    body(prefix[None], cache=caches)
-    hidden = body(continuations, cache=caches)
+    _, prefix_kv = body_hidden(model, prefix[None], keep_kv=True)
+    hidden, _ = body_hidden(model, continuations, prefix_kv)
     hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
     return project(model, hidden)

@@ -101,6 +101,7 @@ def load_adapter_weights(model, folder: str | Path, grow_rank: bool = False, sca
         raise UserError(f"init_adapter {path}: missing {sorted(set(ours) - set(weights))[0]} "
                         "(lora.num_layers or lora.keys differ from the adapter's)")
     model.load_weights(list(weights.items()), strict=False)
+    lora_to_float32(model)       # an adapter saved in bfloat16 trains on in float32
 
 
 def _check_scale(config_path: Path, scale: float) -> None:
@@ -125,6 +126,22 @@ def _grown(name: str, saved: mx.array, fresh: mx.array) -> mx.array:
             and saved.shape[0] < fresh.shape[0]:
         return mx.concatenate([saved, mx.zeros((fresh.shape[0] - saved.shape[0], saved.shape[1]), saved.dtype)])
     return saved
+
+
+def lora_to_float32(model) -> int:
+    """Cast every LoRA weight (`lora_a`, `lora_b`) of `model` to float32, whatever the base weights' dtype;
+    returns how many were cast. The base may be bfloat16 or quantized, but LoRA weights and so their gradients
+    and optimizer state stay float32: a bfloat16 weight (8 bits of mantissa) rounds away any update smaller
+    than 1/256 of itself, which at GRPO's learning rates is most of them. The LoRA layer still computes in the
+    input's dtype where mlx-lm's layer casts its output back (`LoRALinear.__call__`)."""
+    cast = 0
+    for _, module in model.named_modules():
+        for name in ("lora_a", "lora_b"):
+            value = module.get(name) if isinstance(module, dict) else None
+            if isinstance(value, mx.array) and value.dtype != mx.float32:
+                setattr(module, name, value.astype(mx.float32))
+                cast += 1
+    return cast
 
 
 def adapter_weights(model) -> dict[str, mx.array]:
@@ -277,11 +294,12 @@ def load_checkpoint(folder: str | Path, model, optimizer) -> dict:
     if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in weights):
         raise UserError(f"{folder}: checkpoint adapters do not match this model's LoRA layers")
     model.load_weights(list(weights.items()), strict=False)
+    lora_to_float32(model)
     optimizer.init(model.trainable_parameters())
     current = dict(tree_flatten(optimizer.state))
     if set(saved_opt) != set(current):
         raise UserError(f"{folder}: optimizer state does not match this optimizer and model")
-    for key, value in saved_opt.items():
-        _set_path(optimizer.state, key.split("."), value)
+    for key, value in saved_opt.items():     # in the fresh state's dtype (float32 moments for float32 LoRA)
+        _set_path(optimizer.state, key.split("."), value.astype(current[key].dtype))
     mx.eval(model.parameters(), optimizer.state)
     return state

@@ -6,7 +6,8 @@ mtime), a local mlx-lm model folder, or a Hugging Face repo id such as `mlx-comm
 (downloaded by mlx-lm). Built and imported folders live in the user cache (`fileio.cache_dir("models")`)
 and are built in a temporary sibling folder, then renamed into place, so a crash never leaves a
 half-written model. `load_model` loads with mlx-lm's own loader (and its LoRA adapter loader), and on CPU
-casts half-precision weights to float32, since bf16/fp16 matmuls are ~40x slower there, and switches
+casts half-precision weights to float32, since bf16/fp16 matmuls are ~40x slower there (a loaded adapter's
+LoRA weights are float32 in every dtype: `lora.lora_to_float32`), and switches
 Gemma 3's GELU to the CPU-friendly form of `cpu_kernels.py` (WORDLE_MLX_EXACT_GELU=1 keeps mlx-lm's).
 """
 
@@ -221,6 +222,10 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
             raise UserError(f"adapter {str(adapter_path)!r} does not fit model {spec!r}: {detail}") from None
         model.eval()
     cast_model(model, dtype)
+    if adapter_path is not None:
+        from .lora import lora_to_float32
+
+        lora_to_float32(model)       # cast_model casts the adapter too; LoRA weights train in float32
     if not metal_available() and not os.environ.get("WORDLE_MLX_EXACT_GELU"):
         from .cpu_kernels import use_fast_gelu
         use_fast_gelu(model)

@@ -328,8 +328,8 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     if cfg.lora.train_layers is not None:              # before the optimizer and any checkpoint are loaded
         trainable = lora.freeze_lora_below(model, cfg.lora.train_layers)
     if cfg.grad_checkpoint:
-        from mlx_lm.tuner.trainer import grad_checkpoint
-        grad_checkpoint(model.layers[0])
+        from ..llm.logits import set_grad_checkpoint
+        set_grad_checkpoint(model)
 
     if cfg.rejected_reply_weight > 0 and prompt_cfg.guess_format != "letters":
         raise UserError(f"{cfg.data}: rejected_reply_weight needs letters-format data (stats.json prompt.guess_format "

@@ -44,8 +44,7 @@ class ShippedConfigTest(unittest.TestCase):
                   ("sft_fit_cpu_270m", "grpo_fit_cpu_270m", "data_fit"),
                   ("sft_choice5_cpu_270m", "grpo_choice_cpu_270m", None),
                   ("sft_cover_cpu_270m", "grpo_cover_cpu_270m", None),
-                  ("demo_sft", "demo_grpo", "demo_data"),
-                  ("sft_lora_config", "grpo_lora_config", "data_4b")]
+                  ("demo_sft", "demo_grpo", "demo_data")]
         for sft_name, grpo_name, data_name in chains:
             with self.subTest(sft=sft_name):
                 sft = load_config(CONFIG / f"{sft_name}.json", SFTConfig)

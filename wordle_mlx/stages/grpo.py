@@ -181,6 +181,8 @@ def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: froze
 def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     import mlx.core as mx
 
+    from .plan import warn_if_over_working_set
+
     from ..llm import grpo_step, step_metrics
     from ..llm.generation import BatchedGenerator
     from ..llm.guide import GuideReplies
@@ -227,6 +229,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     valid_words = split_words("valid")[:cfg.validation.games]
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed
     model, tokenizer, acfg = load_policy(cfg)
+    if world.is_main:
+        warn_if_over_working_set("grpo", cfg)    # one line on stderr when the plan exceeds this machine's memory
     start_weights = snapshot_trainable(model) if cfg.grpo.reference == "start" else None   # before any resume
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it

@@ -318,6 +318,9 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     run_dir = Path(world.broadcast_json(str(prepare_run_dir(cfg, resume, overwrite)) if main else None))
     data_dir, train_records, valid_records, prompt_cfg = load_data(cfg)
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype)
+    if main:
+        from .plan import warn_if_over_working_set
+        warn_if_over_working_set("sft", cfg)     # one line on stderr when the plan exceeds this machine's memory
     mx.random.seed(cfg.seed)
     lora_params = lora.lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)
     trainable = lora.apply_lora(model, cfg.lora.num_layers, lora_params)

@@ -1,9 +1,9 @@
 """The memory planner's estimate beside MLX's measured peak, for one SFT and one GRPO step at two batch sizes.
 
 Makes its own inputs in a temporary folder: a small SFT data set from `wordle-mlx data` (compact prompts,
-letters replies, boards with 2-3 earlier guesses so that batches are near the longest prompt), then runs
+letters replies, every board after 3 earlier guesses, so that every batch is about as long as the longest), then runs
 the real stages for one step each on builtin:gemma-3-270m (float32 on CPU): `sft` at batch sizes 4 and 16,
-`train` (GRPO, turn mode, G = 4, fresh LoRA) at 2 and 8 boards a step. Before each run it frees MLX's cache
+`train` (GRPO, turn mode, G = 4, fresh LoRA, boards after 4 earlier guesses) at 2 and 8 boards a step. Before each run it frees MLX's cache
 and resets the peak counter; after it, `mx.get_peak_memory()` is the measured peak. The estimate is
 `wordle-mlx plan`'s for the same config. Prints one row per run and ends with `max_error X%` (the largest
 |estimate - measured| / measured).
@@ -41,9 +41,9 @@ def grpo_config(root: Path, boards: int) -> dict:
     return {"model": {"name": MODEL, "dtype": "float32"}, "lora": {"rank": 16, "num_layers": -1},
             "training": {"steps": 1, "batch_prompts": boards, "learning_rate": 1e-5, "checkpoint_every": 0,
                          "max_tokens_per_microbatch": 2048, "max_loss_tokens_per_microbatch": 256},
-            "rl": {"mode": "turn", "num_generations": 4, "max_completion_tokens": 16, "max_turns": 2,
+            "rl": {"mode": "turn", "num_generations": 4, "max_completion_tokens": 16, "max_turns": 6,
                    "completion_batch_size": 64, "prompt": PROMPT},
-            "prompts": {"k_weights": [0.0, 0.0, 1.0]}, "validation": {"every": 0},
+            "prompts": {"k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]}, "validation": {"every": 0},
             "logs_dir": str(root / "logs"), "run_name": f"grpo-b{boards}", "progress": False}
 
 
@@ -72,7 +72,7 @@ def main() -> None:
         data.run(load_config(write(root / "data.json", {
             "mode": "sft", "out": str(root / "data"), "seed": 0, "train_examples": 64, "valid_examples": 8,
             "think_style": "none", "candidate_threshold": 100000, "prompt": PROMPT, "progress": False,
-            "history": {"k_weights": [0.0, 0.0, 0.5, 0.5]}}), data.DataConfig))
+            "history": {"k_weights": [0.0, 0.0, 0.0, 1.0]}}), data.DataConfig))
         runs = [("sft", "batch_size", b, write(root / f"sft{b}.json", sft_config(root, b))) for b in (4, 16)]
         runs += [("grpo", "batch_prompts", b, write(root / f"grpo{b}.json", grpo_config(root, b))) for b in (2, 8)]
         for kind, field, batch, path in runs:
@@ -94,4 +94,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from wordle_mlx.blas import reexec_with_openblas
+
+    reexec_with_openblas()           # as the CLI does: MLX's bundled reference BLAS is ~30x slower on Linux
     main()

@@ -102,10 +102,30 @@ class MacRehearsal:
             "model.name": self.model, "model.dtype": self.dtype, "model.adapter": adapters,
             "logs_dir": str(self.root / "logs"), "training.steps": 1, "training.batch_prompts": 2,
             "training.checkpoint_every": 0, "rl.num_generations": 2, "rl.max_completion_tokens": 8,
-            "rl.max_turns": 1, "grpo.unplayable_advantage": -1.0}))
+            "grpo.unplayable_advantage": -1.0}))
         return self.once("train", lambda: grpo.run(load_config(cfg, grpo.GRPOConfig)))
 
     # --- one test per stage ---------------------------------------------------------------------------------
+    def test_0_layout_is_the_mac_repos(self):
+        import mlx.core as mx
+
+        config = json.loads((Path(self.model) / "config.json").read_text())
+        self.assertEqual((config["model_type"], config["eos_token_id"]), ("gemma3", [1, 106]))
+        self.assertEqual(config.get("quantization"), {"group_size": 64, "bits": 4, "mode": "affine"}
+                         if self.KIND == "4bit" else None)
+        for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "sliding_window", "rope_scaling", "query_pre_attn_scalar"):
+            self.assertIn(key, config["text_config"])
+        weights = {}
+        for shard in Path(self.model).glob("model*.safetensors"):
+            weights.update(mx.load(str(shard)))
+        parts = {name.split(".")[0] for name in weights}
+        self.assertEqual(parts, {"language_model", "vision_tower", "multi_modal_projector"})
+        self.assertNotIn("language_model.lm_head.weight", weights)          # tied embeddings
+        embed = weights["language_model.model.embed_tokens.weight"]
+        self.assertEqual(embed.shape[0], 262_208)
+        self.assertEqual(embed.dtype, {"float32": mx.float32, "bfloat16": mx.bfloat16, "4bit": mx.uint32}[self.KIND])
+
     def test_1_data(self):
         result = self.data()
         train = (self.root / "data" / "train.jsonl").read_text().splitlines()

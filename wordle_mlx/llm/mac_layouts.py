@@ -14,6 +14,7 @@ mlx-community repo (converted by mlx-vlm) has them. Plain `mlx_lm.load` accepts 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -121,6 +122,12 @@ def make_mac_layout(path: str | Path, kind: str, seed: int = 0) -> Path:
         convert(str(bf16), str(out), quantize=True, q_bits=4, q_group_size=64)
         shards = sorted(out.glob("model*.safetensors"))
         weights = mx.load(str(shards[-1]))
-        weights.update(vision_weights(seed, mx.bfloat16))
+        vision = vision_weights(seed, mx.bfloat16)
+        weights.update(vision)
         mx.save_safetensors(str(shards[-1]), weights, metadata={"format": "mlx"})
+        index_path = out / "model.safetensors.index.json"
+        if index_path.is_file():              # the index names every tensor's shard, the vision ones too
+            index = json.loads(index_path.read_text())
+            index["weight_map"].update({name: shards[-1].name for name in vision})
+            write_json_atomic(index_path, index)
     return out

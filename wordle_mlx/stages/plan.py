@@ -13,6 +13,7 @@ and `train` call before step 1: one line on stderr when the plan exceeds this ma
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -126,36 +127,40 @@ def prompt_token_estimate(prompt) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS
 
 
-def reply_token_estimate(prompt) -> int | None:
-    """Tokens of a letters reply with no think block, with <end_of_turn>; None when replies are open-ended."""
-    from ..llm.prompts import format_reply
-
-    if prompt.require_think or prompt.guess_format != "letters":
+def longest_example(cfg) -> tuple[int, int] | None:
+    """(tokens, reply tokens) of the longest record of an SFT config's train.jsonl, from its characters
+    (CHARS_PER_TOKEN), or None before the data exists."""
+    path = resolve_path(cfg, cfg.data) / "train.jsonl"
+    if not path.is_file():
         return None
-    return math.ceil(len(format_reply(None, "crane", guess_format="letters")) / CHARS_PER_TOKEN) + 2
-
-
-def data_prompt(cfg):
-    """The prompt settings of an SFT config's data folder (its stats.json), when it exists yet."""
-    from ..llm.prompts import PromptConfig
-
-    stats = resolve_path(cfg, cfg.data) / "stats.json"
-    if not stats.is_file():
+    longest, reply = 0, 0
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                messages = json.loads(line)["messages"]
+                chars = [len(m["content"]) for m in messages]
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"{path}: not the chat JSONL of `wordle-mlx data` (a record without messages)") from None
+            longest, reply = max(longest, sum(chars)), max(reply, chars[-1])
+    if longest == 0:
         return None
-    return PromptConfig(**read_json_object(stats).get("prompt", {}))
+    return (math.ceil(longest / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS + 2,
+            math.ceil(reply / CHARS_PER_TOKEN) + 2)
 
 
 def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
     """The SFT fields the planner reads (one place to follow a renamed field)."""
-    prompt = data_prompt(cfg)
-    reply = reply_token_estimate(prompt) if prompt is not None else None
-    if prompt is not None and reply is not None:
-        length = min(cfg.max_seq_length, (prompt_tokens or prompt_token_estimate(prompt)) + reply)
-        why = f"examples of about {length} tokens (prompt from {cfg.data}/stats.json, {reply}-token reply)"
+    found = longest_example(cfg)
+    if found is not None:
+        length, reply = found
+        if prompt_tokens:
+            length = prompt_tokens + reply
+        length = min(cfg.max_seq_length, length)
+        why = f"examples of up to {length} tokens, {reply} of them targets (the longest record in {cfg.data})"
     else:
         length, reply = cfg.max_seq_length, FALLBACK_TARGET_TOKENS
         why = (f"examples of max_seq_length {length} tokens with {reply} targets each, as a letters reply has (no "
-               f"{cfg.data}/stats.json yet: make the data first for a closer plan)")
+               f"{cfg.data}/train.jsonl yet: make the data first for a closer plan)")
     numbers = mp.SFTNumbers(batch_size=cfg.batch_size, row_length=length, reply_tokens=reply, pad_to=cfg.pad_to,
                             rank=cfg.lora.rank, num_layers=cfg.lora.num_layers,
                             keys=tuple(cfg.lora.keys) if cfg.lora.keys else None,

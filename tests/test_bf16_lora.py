@@ -15,30 +15,18 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
 from wordle_mlx.config import validate_config
 from wordle_mlx.llm import lora
 from wordle_mlx.llm.grpo_loss import LossSettings
 from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update
-from wordle_mlx.llm.models import load_model
 from wordle_mlx.stages import data, grpo, sft
 
-from tests.dtype_models import sampled_items, tiny_model_in
+from tests.dtype_models import sampled_items, tiny_model_in, write_adapter
 
 TINY = "builtin:tiny-random"
 LEARNING_RATE = 5e-6
-
-
-def write_adapter(folder: Path, dtype=mx.float32) -> dict[str, mx.array]:
-    """An adapter for the tiny model with every LoRA weight random (lora_b too), saved in `dtype`."""
-    model, _ = load_model(TINY)
-    mx.random.seed(11)
-    params = lora.lora_parameters(4, 10.0, 0.0, None)
-    lora.apply_lora(model, -1, params)
-    model.update(tree_map(lambda p: (mx.random.normal(p.shape) * 0.05).astype(dtype), model.trainable_parameters()))
-    lora.save_adapters(folder, model, lora.adapter_config(-1, params, TINY))
-    return lora.adapter_weights(model)
 
 
 def non_float32(tree) -> list[str]:
@@ -86,7 +74,7 @@ class SFTLoraDtypeTest(unittest.TestCase):
             root = Path(tmp)
             data.run(validate_config({"out": str(root / "data"), "train_examples": 8, "valid_examples": 2,
                                       "think_style": "brief", "progress": False}, data.DataConfig, "test"))
-            start = write_adapter(root / "adapter", mx.bfloat16)       # as a bfloat16 run might have saved it
+            start = write_adapter(root / "adapter", dtype=mx.bfloat16)       # as a bfloat16 run might have saved it
             cfg = validate_config({"model": TINY, "dtype": "bfloat16", "data": str(root / "data"),
                                    "logs_dir": str(root / "logs"), "run_name": "bf16", "steps": 3, "batch_size": 4,
                                    "learning_rate": LEARNING_RATE, "warmup_steps": 0, "min_lr_ratio": 1.0,

@@ -13,18 +13,26 @@ from __future__ import annotations
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
+import mlx.optimizers as optim
+
 from wordle_mlx.config import validate_config
+from wordle_mlx.llm.advantages import group_advantages
+from wordle_mlx.llm.grpo_loss import LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_shared_batch
+from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update
 from wordle_mlx.llm import lora
 from wordle_mlx.llm.logits import set_grad_checkpoint
 from wordle_mlx.llm.models import load_model
 from wordle_mlx.llm.sft_loss import loss_sum, make_batch
 from wordle_mlx.stages import data, sft
+
+from tests.dtype_models import sampled_items
 
 TINY = "builtin:tiny-random"
 
@@ -106,6 +114,52 @@ class SFTGradCheckpointTest(unittest.TestCase):
         self.assertAlmostEqual(ckpt["final_loss"], plain["final_loss"], delta=1e-5 * abs(plain["final_loss"]))
         assert_trees_close(self, ckpt_weights, plain_weights)
 
+
+class GRPOGradCheckpointTest(unittest.TestCase):
+    def test_grpo_loss_and_gradients_equal_with_and_without_checkpointing(self):
+        model, tokenizer = lora_model()
+        mx.random.seed(0)
+        items = sampled_items(model, tokenizer, groups=1)
+        seqs = [it.sequences[0] for it in items]
+        batch = pack_shared_batch(seqs, group_advantages([it.reward for it in items], [0] * len(items))[0].tolist(),
+                                  averaging_weights([sum(q.mask) for q in seqs], "token"))
+        arrays = batch_arrays(batch, rollout_logprobs=False)
+        settings = LossSettings(beta=0.0)
+        loss = lambda m, a: grpo_loss(m, a, settings)[0]                 # noqa: E731
+        l1, g1 = value_and_grad_at(model, loss, False, arrays)
+        l2, g2 = value_and_grad_at(model, loss, True, arrays)
+        self.assertAlmostEqual(l2.item(), l1.item(), delta=1e-5 * abs(l1.item()) + 1e-12)
+        assert_trees_close(self, g2, g1)
+
+    def test_policy_update_with_checkpointing_makes_the_same_update(self):
+        def updated(checkpoint: bool):
+            model, tokenizer = lora_model(dropout=0.0)
+            mx.random.seed(0)
+            items = sampled_items(model, tokenizer)
+            set_grad_checkpoint(model, checkpoint)
+            optimizer = optim.AdamW(learning_rate=1e-3)
+            optimizer.init(model.trainable_parameters())
+            result = policy_update(model, optimizer, items, UpdateSettings(LossSettings()))
+            self.assertTrue(result.applied)
+            return model.trainable_parameters()
+
+        assert_trees_close(self, updated(True), updated(False))
+
+    def test_train_applies_grad_checkpoint_and_the_metal_memory_setup(self):
+        from wordle_mlx.llm import logits, memory
+        from wordle_mlx.stages import grpo
+
+        self.assertFalse(grpo.GRPOConfig().training.grad_checkpoint)
+        for on in (True, False):
+            cfg = validate_config({"model": {"name": "builtin:tiny-random"}, "training": {"grad_checkpoint": on},
+                                   "logs_dir": tempfile.mkdtemp(), "progress": False}, grpo.GRPOConfig, "test")
+            with mock.patch.object(logits, "set_grad_checkpoint", wraps=logits.set_grad_checkpoint) as checkpointing, \
+                    mock.patch.object(memory, "configure_metal_memory", wraps=memory.configure_metal_memory) as setup, \
+                    mock.patch.object(grpo, "make_optimizer", side_effect=RuntimeError("stop after loading")):
+                with self.assertRaisesRegex(RuntimeError, "stop after loading"):
+                    grpo.run(cfg)
+            self.assertEqual(checkpointing.call_count, int(on))
+            setup.assert_called_once_with()
 
 if __name__ == "__main__":
     unittest.main()

@@ -201,8 +201,8 @@ class SFTTest(unittest.TestCase):
         # a corrupted fuse (one fused weight perturbed) is detected and leaves nothing behind
         real = fuse.fuse_lora_layers
 
-        def corrupt(model):
-            n = real(model)
+        def corrupt(model, *args):
+            n = real(model, *args)
             layer = model.layers[0].self_attn.q_proj
             layer.weight = layer.weight + 0.5
             return n

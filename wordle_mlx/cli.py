@@ -263,17 +263,24 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
          out: Annotated[Path, typer.Option("--out", help="Folder for the fused model.")],
          model: Annotated[str, typer.Option("--model", help="Base model spec.")] = "builtin:gemma-3-270m",
          dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU).")] = None,
+         dequantize: Annotated[bool, typer.Option("--dequantize", help="Quantized base: write the fused model "
+                                                  "dequantized (base float dtype, or --dtype) instead of re-quantized "
+                                                  "(the default, as mlx-lm; lossy).")] = False,
          overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output folder.")] = False,
          json_output: JsonFlag = False) -> None:
-    """Merge a LoRA adapter into the base weights; verified against the adapter model before it is kept."""
+    """Merge a LoRA adapter into the base weights; verified against the adapter model before it is kept.
+
+    The output is a text-only mlx-lm folder: a multimodal base's vision part (vision tower, projector,
+    vision_config) is dropped. The check's limit comes from the dtype and the quantization (llm/fuse_bounds.py)."""
     from .stages import fuse as stage
     cfg = load_config(None, stage.FuseConfig, {"model": model, "adapter": str(adapter), "out": str(out),
-                                                "dtype": dtype, "overwrite": overwrite})
+                                                "dtype": dtype, "dequantize": dequantize, "overwrite": overwrite})
     result = stage.run(cfg)
     if not json_output:
         from .progress import console
-        console.print(f"fused {result['fused_layers']} layers into {result['out']} "
-                      f"(max logit diff {result['max_abs_logit_diff']:.2e} <= {result['tolerance']:.2e})")
+        console.print(f"fused {result['fused_layers']} layers into {result['out']} ({result['output']} "
+                      f"{result['dtype']}; max logit diff {result['max_abs_logit_diff']:.2e} <= "
+                      f"{result['tolerance']:.2e}); {result['vision']}")
     emit(result, json_output)
 
 

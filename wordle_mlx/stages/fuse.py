@@ -1,12 +1,19 @@
 """`wordle-mlx fuse`: merge a LoRA adapter into the base weights, and prove the result before keeping it.
 
 Loads the base model with the adapter (mlx-lm's loader), computes logits on a fixed batch (a rendered
-Wordle prompt), replaces every LoRA layer by its `fuse()`d plain linear (W + scale * B^T A^T) and
-saves the model with `mlx_lm.utils.save` (weights, config, tokenizer files with the chat template) into
-a temporary folder beside `out`. That folder is then loaded back from disk with `mlx_lm.load` and its
-logits on the same batch must match the adapter model's within `atol + rtol * max|logits|`, and its
-chat template must render the prompt to the same tokens. Only then is the folder renamed to `out`;
-on any mismatch the half-written output is removed and the command fails with a one-line error.
+Wordle prompt), replaces every LoRA layer by its `fuse()`d layer (W + scale * B^T A^T) and checks each fused
+weight, element by element, against that sum computed exactly in float32, within what rounding to the
+output's dtype or re-quantization allows (`llm/fuse_bounds.py`). A quantized base is re-quantized by
+default, as mlx-lm does (lossy: one more quantization step on every adapted layer); `dequantize` writes
+every weight in the base's float dtype (or `dtype`) instead, without the quantization config. The model is
+saved with `mlx_lm.utils.save` (weights, config, tokenizer files with the chat template) into a temporary
+folder beside `out`, loaded back from disk with `mlx_lm.load`, and its logits on the same batch must match
+the adapter model's within the limit derived from the dtype, the number of blocks and the measured weight
+perturbation (`fuse_bounds.logits_limit`), and its chat template must render the prompt to the same tokens.
+Only then is the folder renamed to `out`; on any mismatch the half-written output is removed and the command
+fails with a one-line error. The vision part of a multimodal checkpoint (Gemma 3 4B's `vision_tower`,
+`multi_modal_projector`, `vision_config`) is dropped, since mlx-lm loads the language model only: the output
+is a text-only mlx-lm folder whose config.json matches its weights (mlx-lm and LM Studio load it as text).
 """
 
 from __future__ import annotations
@@ -25,9 +32,14 @@ class FuseConfig(StrictModel):
     adapter: str
     out: str
     dtype: str | None = None
-    rtol: float = Field(1e-4, ge=0, description="Relative tolerance (to the largest |logit|) of the check.")
+    rtol: float = Field(1e-4, ge=0, description="Relative tolerance (to the largest |logit|) of the check, on top "
+                        "of the rounding and quantization allowance of `fuse_bounds.logits_limit`.")
     atol: float = Field(1e-4, ge=0)
+    dequantize: bool = Field(False, description="Quantized base: write the fused model dequantized (in the base's "
+                             "float dtype, or `dtype`) rather than re-quantized.")
     overwrite: bool = False
+
+VISION_NOTE = "vision part dropped: the fused model is text-only (mlx-lm loads Gemma 3's language model only)"
 
 
 def check_batch(tokenizer) -> list[int]:
@@ -38,11 +50,19 @@ def check_batch(tokenizer) -> list[int]:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
 
 
-def fuse_lora_layers(model) -> int:
-    """Replace every module that has `fuse()` (mlx-lm's LoRA layers) by its fused layer; returns how many."""
+def fuse_lora_layers(model, dequantize: bool = False, check=None) -> int:
+    """Replace every module that has `fuse()` (mlx-lm's LoRA layers) by its fused layer; returns how many.
+    `check(name, lora_layer, fused_layer)` runs on each pair as it is made (one layer's copies at a time)."""
+    import mlx.core as mx
     from mlx.utils import tree_unflatten
 
-    fused = [(name, module.fuse()) for name, module in model.named_modules() if hasattr(module, "fuse")]
+    fused = []
+    for name, module in [(n, m) for n, m in model.named_modules() if hasattr(m, "fuse")]:
+        layer = module.fuse(dequantize=dequantize)
+        mx.eval(layer.parameters())
+        if check is not None:
+            check(name, module, layer)
+        fused.append((name, layer))
     if fused:
         model.update_modules(tree_unflatten(fused))
     return len(fused)
@@ -59,8 +79,9 @@ def run(cfg: FuseConfig) -> dict:
     import mlx.core as mx
     import mlx_lm
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _download, load_config as load_model_config, save
+    from mlx_lm.utils import _download, dequantize_model, load_config as load_model_config, save
 
+    from ..llm.fuse_bounds import logits_limit, unit_roundoff, weight_error
     from ..llm.models import load_model, resolve_model
 
     out = Path(cfg.out)
@@ -71,13 +92,33 @@ def run(cfg: FuseConfig) -> dict:
     inputs = mx.array([tokens])
     reference = model(inputs)
     mx.eval(reference)
-    n_fused = fuse_lora_layers(model)
+    rho = 0.0
+
+    def check_weights(name, lora_layer, fused_layer):
+        nonlocal rho
+        worst, layer_rho = weight_error(lora_layer, fused_layer)
+        if not worst <= 1.0:
+            raise UserError(f"fuse check failed: fused weight {name} is {worst:.3g} times further from W + scale B^T "
+                            "A^T than rounding allows; nothing written")
+        rho = max(rho, layer_rho)
+
+    n_fused = fuse_lora_layers(model, cfg.dequantize, check_weights)
     if n_fused == 0:
         raise UserError(f"adapter {cfg.adapter}: no LoRA layers to fuse")
     source = Path(_download(str(resolve_model(cfg.model, cfg.dtype))))
     config = load_model_config(source)
-    first_weight = tree_flatten(model.parameters())[0][1]
-    config["torch_dtype"] = str(first_weight.dtype).replace("mlx.core.", "")
+    quantized = "quantization" in config or "quantization_config" in config
+    if cfg.dequantize:
+        model = dequantize_model(model)
+        for section in (config, config.get("text_config", {})):    # mlx-lm reads either
+            section.pop("quantization", None)
+            section.pop("quantization_config", None)
+    has_vision = "vision_config" in config
+    weights = [v for k, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
+               and not k.endswith(("scales", "biases"))]
+    config["torch_dtype"] = str(weights[0].dtype).replace("mlx.core.", "")
+    if quantized and cfg.dequantize:     # every other quantized weight is now rounded to the float dtype once
+        rho = max(rho, unit_roundoff(weights[0].dtype))
     tmp = out.with_name(f".{out.name}.fusing")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -85,7 +126,7 @@ def run(cfg: FuseConfig) -> dict:
         fused_model, fused_tok = mlx_lm.load(str(tmp))
         fused = fused_model(inputs)
         diff, scale = max_difference(fused, reference)
-        limit = cfg.atol + cfg.rtol * scale
+        limit = logits_limit(scale, len(model.layers), reference.dtype, rho, cfg.rtol, cfg.atol)
         if not diff <= limit:
             raise UserError(f"fuse check failed: fused logits differ from the adapter model's by {diff:.3g} "
                             f"(limit {limit:.3g}); output removed")
@@ -97,5 +138,7 @@ def run(cfg: FuseConfig) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    output = "dequantized" if quantized and cfg.dequantize else "re-quantized" if quantized else "float"
     return {"out": str(out), "fused_layers": n_fused, "max_abs_logit_diff": diff, "max_abs_logit": scale,
-            "tolerance": limit, "dtype": config["torch_dtype"]}
+            "tolerance": limit, "weight_perturbation": rho, "dtype": config["torch_dtype"], "output": output,
+            "vision": VISION_NOTE if has_vision else "none in the base model"}

@@ -189,6 +189,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     from ..llm.grpo_loss import LossSettings, snapshot_trainable
     from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
     from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
+    from ..llm.logits import set_grad_checkpoint
+    from ..llm.memory import configure_metal_memory, free_cache
 
     if cfg.model.adapter:   # play with the prompts the SFT adapter was trained on, unless rl.prompt is set
         prompt = choose_prompt(cfg.rl.prompt, "prompt" in cfg.rl.model_fields_set, resolve_path(cfg, cfg.model.adapter))
@@ -231,6 +233,9 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     model, tokenizer, acfg = load_policy(cfg)
     if world.is_main:
         warn_if_over_working_set("grpo", cfg)    # one line on stderr when the plan exceeds this machine's memory
+    configure_metal_memory()
+    if t.grad_checkpoint:
+        set_grad_checkpoint(model)
     start_weights = snapshot_trainable(model) if cfg.grpo.reference == "start" else None   # before any resume
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
@@ -326,6 +331,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     replies += more.replies
                     tokens += more.tokens_generated
                     rollout_s += more.seconds
+                free_cache()                     # the rollout's KV caches, before the update's activations
                 anchor_grads, anchor_loss = anchor.grads(step) if anchor else (None, None)
                 upd = grpo_step.policy_update(model, optimizer, items, settings, world, anchor_grads)
                 if upd.finite:
@@ -364,6 +370,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                                         f"checkpoint saved in {path}")
                 if cfg.validation.every and (step % cfg.validation.every == 0 or step == t.steps):
                     rec = validate(model, tokenizer, cfg, valid_words, allowed, step, world)
+                    free_cache()
                     metrics.write(rec)
                     if st["best_win_rate"] is None or rec["win_rate"] > st["best_win_rate"]:
                         st["best_win_rate"], st["bad_validations"] = rec["win_rate"], 0

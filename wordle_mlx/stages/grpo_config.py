@@ -54,6 +54,8 @@ class TrainingSection(StrictModel):
     max_grad_norm: float = Field(1.0, ge=0, description="0 = no clipping.")
     max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
     max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Model tokens per pass (vocab-sized logits each).")
+    grad_checkpoint: bool = Field(False, description="Recompute each block's activations in the update's backward "
+                                  "pass (less memory, about one more forward of compute), as sft's grad_checkpoint.")
     checkpoint_every: int = Field(10, ge=0, description="0 = only at the end.")
     keep_checkpoints: int = Field(3, ge=1)
     max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")

@@ -333,6 +333,8 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
     if cfg.grad_checkpoint:
         from ..llm.logits import set_grad_checkpoint
         set_grad_checkpoint(model)
+    from ..llm.memory import configure_metal_memory, free_cache
+    configure_metal_memory()
 
     if cfg.rejected_reply_weight > 0 and prompt_cfg.guess_format != "letters":
         raise UserError(f"{cfg.data}: rejected_reply_weight needs letters-format data (stats.json prompt.guess_format "
@@ -420,6 +422,7 @@ def run(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> d
                 record = record or {"kind": "sft_valid", "step": step, "time": time.time()}
                 record.update(game_eval(model, tokenizer, cfg, prompt_cfg, world))
             if record is not None:
+                free_cache()                 # validation's and the games' buffers, before the next step
                 metrics.write(record)
             if step < cfg.steps:
                 stop_signal = agreed_stop(stop, world)

@@ -181,8 +181,6 @@ def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: froze
 def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     import mlx.core as mx
 
-    from .plan import warn_if_over_working_set
-
     from ..llm import grpo_step, step_metrics
     from ..llm.generation import BatchedGenerator
     from ..llm.guide import GuideReplies
@@ -232,6 +230,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed
     model, tokenizer, acfg = load_policy(cfg)
     if world.is_main:
+        from .plan import warn_if_over_working_set
         warn_if_over_working_set("grpo", cfg)    # one line on stderr when the plan exceeds this machine's memory
     configure_metal_memory()
     if t.grad_checkpoint:

@@ -45,8 +45,8 @@ class ArithmeticTest(unittest.TestCase):
     def test_activations_and_logits(self):
         # 8 x 8 hidden + 2 x (2 + 2) x 4 qkv + 2 x 4 attention out + 4 x 16 MLP + 2 x 2 heads x 10 scores
         self.assertEqual(mp.activation_values_per_token(SMALL, 10), 64 + 32 + 8 + 64 + 40)
-        self.assertEqual(mp.activation_bytes(SMALL, 3, 10, grad_checkpoint=False), 2 * 30 * 208 * 2)
-        self.assertEqual(mp.activation_bytes(SMALL, 3, 10, grad_checkpoint=True), 2 * 30 * 8 * 2 + 30 * 208 * 2)
+        self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=False), 2 * 30 * 208 * 2)
+        self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=True), 2 * 30 * 8 * 2 + 30 * 208 * 2)
         self.assertEqual(mp.logit_bytes(SMALL, 5), 5 * 32 * (2 + 4 * 3))
         self.assertEqual(mp.logit_bytes(SMALL, 5, backward=False), 5 * 32 * (2 + 4))
 
@@ -54,23 +54,35 @@ class ArithmeticTest(unittest.TestCase):
         n = mp.SFTNumbers(batch_size=3, row_length=10, reply_tokens=3, pad_to=8, rank=2, num_layers=1, keys=None,
                           grad_checkpoint=False)
         p = mp.sft_plan(SMALL, n)
-        # rows padded to 16 tokens, 9 target positions padded to 16
+        # 3 rows padded to 16 tokens, 9 target positions padded to 16
         self.assertEqual(p.items, {"weights": 2992, "lora": 4096,
-                                   "activations": mp.activation_bytes(SMALL, 3, 16, False),
+                                   "activations": mp.activation_bytes(SMALL, 3 * 16, 10, False),
                                    "logits": mp.logit_bytes(SMALL, 16)})
         self.assertEqual(p.peak, sum(p.items.values()))
+        # a shared 4-token start runs once: each row keeps 6 tokens of its own, padded to 8
+        shared = mp.sft_plan(SMALL, mp.SFTNumbers(**{**n.__dict__, "shared_prefix": 4}))
+        self.assertEqual(shared.items["activations"], mp.activation_bytes(SMALL, 3 * 8 + 4, 10, False))
 
     def test_grpo_plan_takes_the_larger_phase(self):
         n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=4,
                            max_tokens_per_microbatch=25, max_loss_tokens_per_microbatch=4, rank=2, num_layers=1,
                            keys=None, optimizer_states=0)
-        update = mp.activation_bytes(SMALL, 2, 10, False) + mp.logit_bytes(SMALL, 4)   # 25 // 10 = 2 rows
-        for rows, phase in ((4, "update"), (6, "rollout")):
+        update = mp.activation_bytes(SMALL, 2 * 10, 10, False) + mp.logit_bytes(SMALL, 4)   # 25 // 10 = 2 rows
+        for rows, phase in ((1, "update"), (6, "rollout")):
             with self.subTest(rows=rows):
                 p = mp.grpo_plan(SMALL, mp.GRPONumbers(**{**n.__dict__, "completion_batch_size": rows}))
-                rollout = mp.kv_cache_bytes(SMALL, rows, 10) + mp.logit_bytes(SMALL, rows, backward=False)
+                # every sampled row's cache and each of the 2 prompts' own
+                rollout = mp.kv_cache_bytes(SMALL, rows + 2, 10) + mp.logit_bytes(SMALL, rows, backward=False)
                 self.assertEqual(p.peak, 2992 + 256 * 4 * 2 + max(rollout, update))
                 self.assertIn(f"{phase} phase", p.notes["phase"])
+
+    def test_grpo_shared_prompts_pass_one_group(self):
+        n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=1,
+                           max_tokens_per_microbatch=25, max_loss_tokens_per_microbatch=100, rank=2, num_layers=1,
+                           keys=None, optimizer_states=0, share_prompts=True)
+        p = mp.grpo_plan(SMALL, n)      # one prompt of 7 tokens and its 3 replies of 3: 16 tokens, 9 positions
+        self.assertEqual(p.items["activations"], mp.activation_bytes(SMALL, 7 + 9, 10, False))
+        self.assertEqual(p.items["logits"], mp.logit_bytes(SMALL, 9))
 
     def test_fitting_sizes_and_largest_batch(self):
         self.assertEqual(mp.fitting_sizes(int(12 * mp.GB)), [16, 24, 32, 36, 48, 64, 96, 128])

@@ -115,8 +115,8 @@ def activation_values_per_token(d: ModelDims, row_length: int) -> int:
     return 8 * d.hidden + 2 * qkv + d.heads * d.head_dim + 4 * d.intermediate + 2 * d.heads * row_length
 
 
-def activation_bytes(d: ModelDims, rows: int, row_length: int, grad_checkpoint: bool) -> int:
-    tokens = rows * row_length
+def activation_bytes(d: ModelDims, tokens: int, row_length: int, grad_checkpoint: bool) -> int:
+    """Activations kept for the backward pass of one micro-batch of `tokens` tokens in rows of `row_length`."""
     one_block = tokens * activation_values_per_token(d, row_length) * d.value_bytes
     if not grad_checkpoint:
         return d.layers * one_block
@@ -143,23 +143,26 @@ class SFTNumbers:
     keys: tuple | None
     grad_checkpoint: bool
     grad_accumulation: int = 1
+    shared_prefix: int = 0           # tokens every example starts with, run once per batch (share_prefix)
 
 
 def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
     gradients = 2 if n.grad_accumulation > 1 else 1
-    row = round_up(n.row_length, n.pad_to)
+    row = round_up(n.row_length - n.shared_prefix, n.pad_to)       # each example's own part, padded
+    tokens = n.batch_size * row + n.shared_prefix
     positions = round_up(n.batch_size * n.reply_tokens, n.pad_to)
     plan = MemoryPlan({
         "weights": weight_bytes(d),
         "lora": lora_bytes(lora, 2, gradients),
-        "activations": activation_bytes(d, n.batch_size, row, n.grad_checkpoint),
+        "activations": activation_bytes(d, tokens, n.row_length, n.grad_checkpoint),
         "logits": logit_bytes(d, positions),
     })
     plan.notes = {
         "weights": weight_note(d),
         "lora": f"{lora:,} params x 4 B x (1 + {gradients} grad + 2 AdamW states)",
-        "activations": activation_note(d, n.batch_size, row, n.grad_checkpoint),
+        "activations": activation_note(d, tokens, n.row_length, n.grad_checkpoint,
+                                       f"{n.batch_size} x {row} + {n.shared_prefix} shared"),
         "logits": f"{positions} positions x {d.vocab:,} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B",
     }
     return plan
@@ -179,37 +182,42 @@ class GRPONumbers:
     keys: tuple | None
     optimizer_states: int            # 2 AdamW, 1 SGD with momentum, 0 plain SGD
     grad_checkpoint: bool = False
+    share_prompts: bool = False      # turn mode: a group's replies go through one pass after their one prompt
 
 
 def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
+    """Rollout: every sampled row's KV cache plus each prompt's own prefilled cache (mlx-lm copies them into
+    the batch), and one step's sampling logits. Update: one micro-batch; with shared prompts (turn mode) a
+    pass is one prompt and its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt +
+    reply up to max_tokens_per_microbatch."""
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
     rows = min(n.batch_prompts * n.generations, n.completion_batch_size)
     length = n.prompt_tokens + n.reply_tokens
-    all_tokens = n.batch_prompts * n.generations * length
-    micro_rows = max(1, min(all_tokens, n.max_tokens_per_microbatch) // length)
-    positions = min(n.max_loss_tokens_per_microbatch, n.batch_prompts * n.generations * n.reply_tokens)
-    rollout = kv_cache_bytes(d, rows, length) + logit_bytes(d, rows, backward=False)
-    update = activation_bytes(d, micro_rows, length, n.grad_checkpoint) + logit_bytes(d, positions)
-    items = {"weights": weight_bytes(d), "lora": lora_bytes(lora, n.optimizer_states)}
-    if rollout >= update:
-        items.update({"kv_cache": kv_cache_bytes(d, rows, length), "logits": logit_bytes(d, rows, backward=False)})
-        phase = "rollout"
+    if n.share_prompts:
+        positions = min(n.max_loss_tokens_per_microbatch, n.generations * n.reply_tokens)
+        tokens, shape = n.prompt_tokens + positions, f"1 prompt of {n.prompt_tokens} + {positions} reply"
     else:
-        items.update({"activations": activation_bytes(d, micro_rows, length, n.grad_checkpoint),
-                      "logits": logit_bytes(d, positions)})
-        phase = "update"
+        micro_rows = max(1, min(n.batch_prompts * n.generations * length, n.max_tokens_per_microbatch) // length)
+        positions = min(n.max_loss_tokens_per_microbatch, micro_rows * n.reply_tokens)
+        tokens, shape = micro_rows * length, f"{micro_rows} x {length}"
+    cache = kv_cache_bytes(d, rows + n.batch_prompts, length)
+    rollout = {"kv_cache": cache, "logits": logit_bytes(d, rows, backward=False)}
+    update = {"activations": activation_bytes(d, tokens, length, n.grad_checkpoint), "logits": logit_bytes(d, positions)}
+    phase = "rollout" if sum(rollout.values()) >= sum(update.values()) else "update"
+    items = {"weights": weight_bytes(d), "lora": lora_bytes(lora, n.optimizer_states),
+             **(rollout if phase == "rollout" else update)}
     allocated = math.ceil(length / KV_STEP) * KV_STEP
     notes = {
         "weights": weight_note(d),
         "lora": f"{lora:,} params x 4 B x (1 + 1 grad + {n.optimizer_states} optimizer states)",
-        "kv_cache": (f"{rows} rows x ({d.sliding_layers()} sliding layers x min({allocated}, {d.sliding_window}) + "
-                     f"{d.layers - d.sliding_layers()} global x {allocated}) tokens x {d.kv_heads} KV heads x "
-                     f"{d.head_dim} x 2 x {d.value_bytes} B"),
-        "activations": activation_note(d, micro_rows, length, n.grad_checkpoint),
+        "kv_cache": (f"({rows} rows + {n.batch_prompts} prompts) x ({d.sliding_layers()} sliding layers x "
+                     f"min({allocated}, {d.sliding_window}) + {d.layers - d.sliding_layers()} global x {allocated}) "
+                     f"tokens x {d.kv_heads} KV heads x {d.head_dim} x 2 x {d.value_bytes} B"),
+        "activations": activation_note(d, tokens, length, n.grad_checkpoint, shape),
         "logits": (f"{rows} sampling rows x {d.vocab:,} x ({d.value_bytes} + 4) B" if phase == "rollout" else
                    f"{positions} loss positions x {d.vocab:,} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B"),
-        "phase": (f"peak in the {phase} phase (rollout {gb(rollout):.2f} GB of KV cache + sampling logits, update "
-                  f"{gb(update):.2f} GB of activations + loss logits)"),
+        "phase": (f"peak in the {phase} phase (rollout {gb(sum(rollout.values())):.2f} GB of KV cache + sampling "
+                  f"logits, update {gb(sum(update.values())):.2f} GB of activations + loss logits)"),
     }
     return MemoryPlan(items, {k: v for k, v in notes.items() if k in items or k == "phase"})
 
@@ -222,12 +230,12 @@ def weight_note(d: ModelDims) -> str:
             f"(scale, bias) + {norms:,} norm params x {d.value_bytes} B")
 
 
-def activation_note(d: ModelDims, rows: int, length: int, grad_checkpoint: bool) -> str:
+def activation_note(d: ModelDims, tokens: int, length: int, grad_checkpoint: bool, shape: str) -> str:
     per = activation_values_per_token(d, length)
     if grad_checkpoint:
-        return (f"checkpointed: {rows} x {length} tokens x ({d.layers} layers x {d.hidden} + one layer's {per:,}) "
-                f"values x {d.value_bytes} B")
-    return f"{rows} x {length} tokens x {d.layers} layers x {per:,} values x {d.value_bytes} B"
+        return (f"checkpointed: {tokens} tokens ({shape}) x ({d.layers} layers x {d.hidden} + one layer's "
+                f"{per:,}) values x {d.value_bytes} B")
+    return f"{tokens} tokens ({shape}) x {d.layers} layers x {per:,} values x {d.value_bytes} B"
 
 
 def gb(n: int | float) -> float:

@@ -127,13 +127,13 @@ def prompt_token_estimate(prompt) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS
 
 
-def longest_example(cfg) -> tuple[int, int] | None:
-    """(tokens, reply tokens) of the longest record of an SFT config's train.jsonl, from its characters
-    (CHARS_PER_TOKEN), or None before the data exists."""
+def longest_example(cfg) -> tuple[int, int, int] | None:
+    """(tokens, reply tokens, system-line tokens) of the longest record of an SFT config's train.jsonl, from
+    its characters (CHARS_PER_TOKEN), or None before the data exists."""
     path = resolve_path(cfg, cfg.data) / "train.jsonl"
     if not path.is_file():
         return None
-    longest, reply = 0, 0
+    longest, reply, system = 0, 0, 0
     with open(path, encoding="utf-8") as lines:
         for line in lines:
             try:
@@ -142,17 +142,19 @@ def longest_example(cfg) -> tuple[int, int] | None:
             except (ValueError, KeyError, TypeError):
                 raise UserError(f"{path}: not the chat JSONL of `wordle-mlx data` (a record without messages)") from None
             longest, reply = max(longest, sum(chars)), max(reply, chars[-1])
+            system = chars[0] if messages[0].get("role") == "system" else 0
     if longest == 0:
         return None
     return (math.ceil(longest / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS + 2,
-            math.ceil(reply / CHARS_PER_TOKEN) + 2)
+            math.ceil(reply / CHARS_PER_TOKEN) + 2, system // 3 + 4 if system else 0)
 
 
 def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
     """The SFT fields the planner reads (one place to follow a renamed field)."""
-    found = longest_example(cfg)
+    found, shared = longest_example(cfg), 0
     if found is not None:
-        length, reply = found
+        length, reply, system = found
+        shared = system if cfg.share_prefix else 0   # <bos>, the turn marker and the system line, run once
         if prompt_tokens:
             length = prompt_tokens + reply
         length = min(cfg.max_seq_length, length)
@@ -164,7 +166,8 @@ def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
     numbers = mp.SFTNumbers(batch_size=cfg.batch_size, row_length=length, reply_tokens=reply, pad_to=cfg.pad_to,
                             rank=cfg.lora.rank, num_layers=cfg.lora.num_layers,
                             keys=tuple(cfg.lora.keys) if cfg.lora.keys else None,
-                            grad_checkpoint=cfg.grad_checkpoint, grad_accumulation=cfg.grad_accumulation)
+                            grad_checkpoint=cfg.grad_checkpoint, grad_accumulation=cfg.grad_accumulation,
+                            shared_prefix=shared)
     return numbers, why
 
 
@@ -188,7 +191,7 @@ def grpo_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.GRPONumbers, str]:
         max_tokens_per_microbatch=t.max_tokens_per_microbatch,
         max_loss_tokens_per_microbatch=t.max_loss_tokens_per_microbatch, rank=rank, num_layers=num_layers,
         keys=tuple(keys) if keys else None, optimizer_states=states,
-        grad_checkpoint=bool(getattr(t, "grad_checkpoint", False)))
+        grad_checkpoint=bool(getattr(t, "grad_checkpoint", False)), share_prompts=rl.mode == "turn")
     return numbers, f"prompts of about {prompt} tokens, replies of up to {rl.max_completion_tokens}"
 
 

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo blas clean-venv train-270m
+.PHONY: setup test demo blas clean-venv train-270m train-4b
 
 setup: $(STAMP) blas
 
@@ -28,6 +28,10 @@ demo: setup
 # The real run (~6.5 h on 2 cores with the greedy evals; resumable: run it again after an interruption).
 train-270m: setup
 	bash scripts/train_270m_cpu.sh
+
+# Gemma 3 4B on a Mac (VARIANT=bf16 for 24 GB and more, VARIANT=4bit for 16 GB); resumable like train-270m.
+train-4b: setup
+	bash scripts/train_4b.sh
 
 clean-venv:
 	rm -rf $(VENV)

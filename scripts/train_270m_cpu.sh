@@ -41,21 +41,7 @@ SHIP=adapters/gemma-3-270m-wordle
 mkdir -p "$R"
 start=$(date +%s)
 
-stage() {  # stage NAME COMMAND...: run once; a finished stage is skipped on the next run
-  local name=$1; shift
-  if [ -f "$R/$name.done" ]; then echo "== $name: done earlier, skipped"; return; fi
-  echo; echo "== [$(( $(date +%s) - start ))s] $name"
-  local t0=$(date +%s)
-  "$@"
-  echo "$(( $(date +%s) - t0 ))" > "$R/$name.done"
-  if [ "${STOP_AFTER:-}" = "$name" ]; then echo "== stopping after $name (STOP_AFTER)"; exit 0; fi
-}
-
-train_or_resume() {  # train_or_resume RUN_DIR COMMAND...: resume RUN_DIR when it has a checkpoint
-  local dir=$1; shift
-  if compgen -G "$dir/checkpoints/*" > /dev/null; then "$@" --resume "$dir" --no-progress
-  else "$@" --overwrite --no-progress; fi
-}
+source scripts/recipe_stages.sh   # stage NAME CMD... (run once, .done markers), train_or_resume DIR CMD...
 
 evaluate() {  # evaluate NAME ADAPTER|- KIND: one held-out setting for one player
   local name=$1 adapter=$2 kind=$3 extra=()

@@ -302,6 +302,19 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
     emit(result, json_output)
 
 
+@app.command()
+def plan(config: Annotated[Path, typer.Option("--config", "-c", help="An SFT or GRPO config file.")],
+         model_config: Annotated[Optional[Path], typer.Option("--model-config", help="The model's config.json (or its folder), instead of finding it from the config's model.")] = None,
+         memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Find the largest batch for this much memory (default: this machine's).")] = None,
+         prompt_tokens: Annotated[Optional[int], typer.Option("--prompt-tokens", help="Prompt length in tokens (default: estimated from the prompt style).")] = None,
+         json_output: JsonFlag = False) -> None:
+    """Expected peak memory of one SFT or GRPO step, itemised, the Macs it fits and the largest batch that fits."""
+    from .stages import plan as stage
+    cfg = load_config(None, stage.PlanConfig, {"config": str(config), "model_json": str(model_config) if model_config else None,
+                                               "memory_gb": memory_gb, "prompt_tokens": prompt_tokens, "json_output": json_output})
+    emit(stage.run(cfg), json_output)
+
+
 model_app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Import models into mlx-lm folders.")
 app.add_typer(model_app, name="model")
 

@@ -67,13 +67,14 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     return pieces, scores, types
 
 
-def tiny_weights(seed: int) -> dict:
-    """Random float32 weights of the tiny model (no `lm_head`: embeddings are tied, as in Gemma 3)."""
+def tiny_weights(seed: int, config: dict | None = None) -> dict:
+    """Random float32 weights of the tiny model, or of a `gemma3_text` `config` (no `lm_head`: embeddings
+    are tied, as in Gemma 3)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models.gemma3_text import Model, ModelArgs
 
-    args = ModelArgs.from_dict(TINY_CONFIG)
+    args = ModelArgs.from_dict(config or TINY_CONFIG)
     mx.random.seed(seed)
     model = Model(args)
     weights = dict(tree_flatten(model.parameters()))

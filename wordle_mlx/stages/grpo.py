@@ -196,6 +196,9 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     valid_words = split_words("valid")[:cfg.game_eval.games]
     mx.random.seed(t.seed)                       # LoRA's random init depends only on the run seed
     model, tokenizer, acfg = load_policy(cfg)
+    if world.is_main:
+        from .plan import warn_if_over_working_set
+        warn_if_over_working_set("grpo", cfg)    # one line on stderr when the plan exceeds this machine's memory
     configure_metal_memory()
     if t.grad_checkpoint:
         set_grad_checkpoint(model)

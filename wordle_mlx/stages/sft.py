@@ -223,6 +223,9 @@ def run(cfg: SFTConfig) -> dict:
     run_dir = Path(world.broadcast_json(str(prepare_run_dir(cfg)) if main else None))
     data_dir, train_records, valid_records, prompt_cfg = load_data(cfg)
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype)
+    if main:
+        from .plan import warn_if_over_working_set
+        warn_if_over_working_set("sft", cfg)     # one line on stderr when the plan exceeds this machine's memory
     mx.random.seed(cfg.seed)
     lora_params = lora.lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, cfg.lora.keys)
     trainable = lora.apply_lora(model, cfg.lora.num_layers, lora_params)

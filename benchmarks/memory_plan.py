@@ -1,0 +1,100 @@
+"""The memory planner's estimate beside MLX's measured peak, for one SFT and one GRPO step at two batch sizes.
+
+Makes its own inputs in a temporary folder: a small SFT data set from `wordle-mlx data` (compact prompts,
+letters replies, every board after 3 earlier guesses, so that every batch is about as long as the longest), then runs
+the real stages for one step each on builtin:gemma-3-270m (float32 on CPU): `sft` at batch sizes 4 and 16,
+`train` (GRPO, turn mode, G = 4, fresh LoRA, boards after 4 earlier guesses) at 2 and 8 boards a step. Before each run it frees MLX's cache
+and resets the peak counter; after it, `mx.get_peak_memory()` is the measured peak. The estimate is
+`wordle-mlx plan`'s for the same config. Prints one row per run and ends with `max_error X%` (the largest
+|estimate - measured| / measured).
+
+    .venv/bin/python benchmarks/memory_plan.py
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODEL = "builtin:gemma-3-270m"
+PROMPT = {"require_think": False, "context": "summary", "style": "compact", "guess_format": "letters"}
+
+
+def write(path: Path, data: dict) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def sft_config(root: Path, batch: int) -> dict:
+    return {"model": MODEL, "dtype": "float32", "data": str(root / "data"), "logs_dir": str(root / "logs"),
+            "run_name": f"sft-b{batch}", "lora": {"rank": 16, "scale": 20.0, "num_layers": -1}, "steps": 1,
+            "batch_size": batch, "max_seq_length": 256, "pad_to": 16, "valid_every": 0, "save_every": 1,
+            "progress": False}
+
+
+def grpo_config(root: Path, boards: int) -> dict:
+    return {"model": {"name": MODEL, "dtype": "float32"}, "lora": {"rank": 16, "num_layers": -1},
+            "training": {"steps": 1, "batch_prompts": boards, "learning_rate": 1e-5, "save_every": 0,
+                         "max_tokens_per_microbatch": 2048, "max_loss_tokens_per_microbatch": 256},
+            "rl": {"mode": "turn", "num_generations": 4, "max_completion_tokens": 16, "max_turns": 6,
+                   "completion_batch_size": 64, "prompt": PROMPT},
+            "prompts": {"k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]}, "validation": {"every": 0},
+            "logs_dir": str(root / "logs"), "run_name": f"grpo-b{boards}", "progress": False}
+
+
+def measured_peak(run) -> int:
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    run()
+    peak = mx.get_peak_memory()
+    gc.collect()
+    mx.clear_cache()
+    return peak
+
+
+def main() -> None:
+    from wordle_mlx.config import load_config
+    from wordle_mlx.memory_plan import GB
+    from wordle_mlx.stages import data, grpo, plan, sft
+    from wordle_mlx.stages.grpo_config import GRPOConfig
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        data.run(load_config(write(root / "data.json", {
+            "mode": "sft", "out": str(root / "data"), "seed": 0, "train_examples": 64, "valid_examples": 8,
+            "think_style": "none", "candidate_threshold": 100000, "prompt": PROMPT, "progress": False,
+            "history": {"k_weights": [0.0, 0.0, 0.0, 1.0]}}), data.DataConfig))
+        runs = [("sft", "batch_size", b, write(root / f"sft{b}.json", sft_config(root, b))) for b in (4, 16)]
+        runs += [("grpo", "batch_prompts", b, write(root / f"grpo{b}.json", grpo_config(root, b))) for b in (2, 8)]
+        for kind, field, batch, path in runs:
+            if kind == "sft":
+                cfg = load_config(path, sft.SFTConfig)
+                peak = measured_peak(lambda: sft.run(cfg))
+            else:
+                cfg = load_config(path, GRPOConfig)
+                peak = measured_peak(lambda: grpo.run(cfg))
+            dims, numbers, _, _ = plan.build_plan(kind, cfg)
+            estimate = plan.plan_for(kind, dims, numbers).peak
+            rows.append((kind, f"{field} {batch}", estimate, peak))
+    print(f"{'stage':<6} {'batch':<16} {'estimate GB':>12} {'measured GB':>12} {'error':>8}")
+    errors = []
+    for kind, batch, estimate, peak in rows:
+        errors.append(abs(estimate - peak) / peak)
+        print(f"{kind:<6} {batch:<16} {estimate / GB:12.3f} {peak / GB:12.3f} {100 * (estimate - peak) / peak:+7.1f}%")
+    print(f"max_error {100 * max(errors):.1f}%")
+
+
+if __name__ == "__main__":
+    from wordle_mlx.blas import reexec_with_openblas
+
+    reexec_with_openblas()           # as the CLI does: MLX's bundled reference BLAS is ~30x slower on Linux
+    main()

@@ -1,0 +1,185 @@
+"""The memory planner: exact arithmetic on small dimensions (`memory_plan.py`), config reading and errors
+(`stages/plan.py`), and the `wordle-mlx plan` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from wordle_mlx import memory_plan as mp
+from wordle_mlx.errors import UserError
+from wordle_mlx.stages import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = mp.ModelDims(hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=32,
+                     sliding_window=4, sliding_window_pattern=2, value_bytes=2)
+
+
+class ArithmeticTest(unittest.TestCase):
+    def test_parameters_and_weights(self):
+        # embedding 32 x 8 = 256; per block q 64 + k 32 + v 32 + o 64 + gate 128 + up 128 + down 128 = 576
+        self.assertEqual(mp.text_parameters(SMALL), (256 + 2 * 576, 2 * (4 * 8 + 2 * 4) + 8))
+        self.assertEqual(mp.weight_bytes(SMALL), (1408 + 88) * 2)
+        q4 = mp.ModelDims(**{**SMALL.__dict__, "bits": 4, "group_size": 8})
+        # 1408 values at 4 bits + 176 groups x (scale + bias) x 2 B + 88 norm values x 2 B
+        self.assertEqual(mp.weight_bytes(q4), 704 + 176 * 2 * 2 + 88 * 2)
+
+    def test_lora(self):
+        # rank 2 x (in + out) over q 16, k 12, v 12, o 16, gate 24, up 24, down 24, in the last block only
+        self.assertEqual(mp.lora_parameters(SMALL, rank=2, num_layers=1), 2 * 128)
+        self.assertEqual(mp.lora_parameters(SMALL, rank=2, num_layers=-1, keys=("self_attn.q_proj",)), 2 * 2 * 16)
+        self.assertEqual(mp.lora_bytes(256, optimizer_states=2), 256 * 4 * 4)
+        self.assertEqual(mp.lora_bytes(256, optimizer_states=0), 256 * 4 * 2)
+
+    def test_kv_cache_minds_sliding_layers(self):
+        # layer 0 slides (window 4), layer 1 is global: 256 allocated tokens (one step of mlx-lm's cache)
+        self.assertEqual(SMALL.sliding_layers(), 1)
+        self.assertEqual(mp.kv_cache_bytes(SMALL, rows=3, tokens=10), 3 * (4 + 256) * 1 * 4 * 2 * 2)
+        self.assertEqual(mp.kv_cache_bytes(SMALL, rows=1, tokens=257), (4 + 512) * 1 * 4 * 2 * 2)
+
+    def test_activations_and_logits(self):
+        # 8 x 8 hidden + 2 x (2 + 2) x 4 qkv + 2 x 4 attention out + 4 x 16 MLP + 2 x 2 heads x 10 scores
+        self.assertEqual(mp.activation_values_per_token(SMALL, 10), 64 + 32 + 8 + 64 + 40)
+        self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=False), 2 * 30 * 208 * 2)
+        self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=True), 2 * 30 * 8 * 2 + 30 * 208 * 2)
+        self.assertEqual(mp.logit_bytes(SMALL, 5), 5 * 32 * (2 + 4 * 3))
+        self.assertEqual(mp.logit_bytes(SMALL, 5, backward=False), 5 * 32 * (2 + 4))
+
+    def test_sft_plan_sums_its_parts(self):
+        n = mp.SFTNumbers(batch_size=3, row_length=10, reply_tokens=3, pad_to=8, rank=2, num_layers=1, keys=None,
+                          grad_checkpoint=False)
+        p = mp.sft_plan(SMALL, n)
+        # 3 rows padded to 16 tokens, 9 target positions padded to 16
+        self.assertEqual(p.items, {"weights": 2992, "lora": 4096,
+                                   "activations": mp.activation_bytes(SMALL, 3 * 16, 10, False),
+                                   "logits": mp.logit_bytes(SMALL, 16)})
+        self.assertEqual(p.peak, sum(p.items.values()))
+        # a shared 4-token start runs once: each row keeps 6 tokens of its own, padded to 8
+        shared = mp.sft_plan(SMALL, mp.SFTNumbers(**{**n.__dict__, "shared_prefix": 4}))
+        self.assertEqual(shared.items["activations"], mp.activation_bytes(SMALL, 3 * 8 + 4, 10, False))
+
+    def test_grpo_plan_takes_the_larger_phase(self):
+        n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=4,
+                           max_tokens_per_microbatch=25, max_loss_tokens_per_microbatch=4, rank=2, num_layers=1,
+                           keys=None, optimizer_states=0)
+        update = mp.activation_bytes(SMALL, 2 * 10, 10, False) + mp.logit_bytes(SMALL, 4)   # 25 // 10 = 2 rows
+        for rows, phase in ((1, "update"), (6, "rollout")):
+            with self.subTest(rows=rows):
+                p = mp.grpo_plan(SMALL, mp.GRPONumbers(**{**n.__dict__, "completion_batch_size": rows}))
+                # every sampled row's cache and each of the 2 prompts' own
+                rollout = mp.kv_cache_bytes(SMALL, rows + 2, 10) + mp.logit_bytes(SMALL, rows, backward=False)
+                self.assertEqual(p.peak, 2992 + 256 * 4 * 2 + max(rollout, update))
+                self.assertIn(f"{phase} phase", p.notes["phase"])
+
+    def test_grpo_shared_prompts_pass_one_group(self):
+        n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=1,
+                           max_tokens_per_microbatch=25, max_loss_tokens_per_microbatch=100, rank=2, num_layers=1,
+                           keys=None, optimizer_states=0, share_prompts=True)
+        p = mp.grpo_plan(SMALL, n)      # one prompt of 7 tokens and its 3 replies of 3: 16 tokens, 9 positions
+        self.assertEqual(p.items["activations"], mp.activation_bytes(SMALL, 7 + 9, 10, False))
+        self.assertEqual(p.items["logits"], mp.logit_bytes(SMALL, 9))
+
+    def test_fitting_sizes_and_largest_batch(self):
+        self.assertEqual(mp.fitting_sizes(int(12 * mp.GB)), [16, 24, 32, 36, 48, 64, 96, 128])
+        self.assertEqual(mp.fitting_sizes(int(12 * mp.GB) + 1), [24, 32, 36, 48, 64, 96, 128])
+        self.assertEqual(mp.largest_fitting(lambda n: mp.MemoryPlan({"x": 100 * n}), 1050), 10)
+        self.assertEqual(mp.largest_fitting(lambda n: mp.MemoryPlan({"x": 100 * n}), 99), 0)
+
+
+def write_json(folder: Path, name: str, data) -> Path:
+    path = folder / name
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+class PlanStageTest(unittest.TestCase):
+    CONFIG = {"model_type": "gemma3", "vocab_size": 64, "torch_dtype": "bfloat16",
+              "quantization": {"group_size": 8, "bits": 4},
+              "text_config": {"hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 16, "head_dim": 4,
+                              "num_attention_heads": 2, "num_key_value_heads": 1, "sliding_window": 4,
+                              "sliding_window_pattern": 2}}
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp())
+        self.model_json = write_json(self.tmp, "config.json", self.CONFIG)
+
+    def tearDown(self):
+        import shutil
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_dims_read_as_mlx_lm_reads_them(self):
+        dims = plan.model_dims(self.CONFIG, "bfloat16", "config.json", metal=False)
+        self.assertEqual(dims, mp.ModelDims(8, 2, 2, 1, 4, 16, 64, 4, 2, 2, bits=4, group_size=8))
+        # the 4B's config leaves heads out: mlx-lm's gemma3 wrapper fills 8 and 4
+        bare = {"model_type": "gemma3", "text_config": {"hidden_size": 2560, "num_hidden_layers": 34}}
+        dims = plan.model_dims(bare, None, "config.json", metal=True)
+        self.assertEqual((dims.heads, dims.kv_heads, dims.head_dim, dims.vocab, dims.value_bytes),
+                         (8, 4, 256, 262_208, 4))
+
+    def test_sft_and_grpo_configs_are_told_apart(self):
+        sft = write_json(self.tmp, "sft.json", {"model": str(self.tmp), "steps": 1, "batch_size": 3,
+                                                "grad_checkpoint": True, "data": "nowhere"})
+        grpo = write_json(self.tmp, "grpo.json", {"model": {"name": str(self.tmp)}, "training": {"batch_prompts": 2}})
+        for path, kind, field in ((sft, "sft", "batch_size"), (grpo, "grpo", "batch_prompts")):
+            with self.subTest(kind=kind):
+                r = plan.run(plan.PlanConfig(config=str(path), memory_gb=8, json_output=True))
+                self.assertEqual((r["stage"], r["batch_field"], r["bits"]), (kind, field, 4))
+                self.assertAlmostEqual(r["peak_gb"], sum(r["items_gb"].values()), delta=0.003)
+                self.assertEqual(r["fits_mac_gb"], list(mp.MAC_SIZES_GB))
+        r = plan.run(plan.PlanConfig(config=str(sft), json_output=True))
+        self.assertIn("checkpointed", r["notes"]["activations"])
+
+    def test_bad_inputs_are_one_line_errors(self):
+        bad = write_json(self.tmp, "bad.json", {"model": "x", "steps": 0})
+        with self.assertRaises(UserError) as e:
+            plan.stage_config(str(bad))
+        self.assertIn(str(bad), str(e.exception))
+        self.assertIn("neither an SFT nor a GRPO config", str(e.exception))
+        hub = write_json(self.tmp, "hub.json", {"model": "someone/not-cached-model-xyz"})
+        with self.assertRaises(UserError) as e:
+            plan.run(plan.PlanConfig(config=str(hub)))
+        self.assertIn("someone/not-cached-model-xyz", str(e.exception))
+        llama = write_json(self.tmp, "llama.json", {"model_type": "llama"})
+        with self.assertRaises(UserError) as e:
+            plan.run(plan.PlanConfig(config=str(hub), model_json=str(llama)))
+        self.assertIn("model_type 'llama'", str(e.exception))
+
+    def test_warning_before_a_run_that_cannot_fit(self):
+        import contextlib
+        import io
+
+        from wordle_mlx.config import load_config
+        from wordle_mlx.stages.sft import SFTConfig
+
+        for batch, warned in ((2, False), (10 ** 9, True)):
+            with self.subTest(batch=batch):
+                path = write_json(self.tmp, "sft.json", {"model": str(self.tmp), "batch_size": batch})
+                err = io.StringIO()
+                with contextlib.redirect_stderr(err):
+                    plan.warn_if_over_working_set("sft", load_config(path, SFTConfig))
+                self.assertEqual(err.getvalue().startswith("warning: the memory plan of this sft step is"), warned)
+                self.assertLessEqual(len(err.getvalue().splitlines()), 1)
+
+    def test_command_line(self):
+        sft = write_json(self.tmp, "sft.json", {"model": str(self.tmp), "batch_size": 2})
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        ok = subprocess.run([sys.executable, "-m", "wordle_mlx", "plan", "--config", str(sft), "--memory-gb", "16"],
+                            capture_output=True, text=True, env=env, cwd=ROOT)
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertIn("peak", ok.stdout)
+        self.assertIn("largest batch_size within 12.0 GB (16 GB x 75%)", ok.stdout)
+        bad = write_json(self.tmp, "broken.json", "{not json")
+        err = subprocess.run([sys.executable, "-m", "wordle_mlx", "plan", "--config", str(bad)],
+                             capture_output=True, text=True, env=env, cwd=ROOT)
+        self.assertEqual(err.returncode, 2)
+        self.assertEqual(len(err.stderr.strip().splitlines()), 1, err.stderr)
+        self.assertIn("broken.json", err.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

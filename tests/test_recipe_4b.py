@@ -1,0 +1,94 @@
+"""The Gemma 3 4B recipe (config/gemma3-4b/, scripts/train_4b.sh): every config validates, each stage reads what
+the one before writes, both variants differ only in the model, and the memory planner says each training
+config fits its Mac (4-bit: 16 GB, bf16: 24 GB) with the real 4B dimensions."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import unittest
+from pathlib import Path
+
+from wordle_mlx.config import load_config, resolve_path
+from wordle_mlx.stages import plan
+from wordle_mlx.stages.choice import ChoiceConfig
+from wordle_mlx.stages.data import DataConfig
+from wordle_mlx.stages.evaluate import EvalConfig
+from wordle_mlx.stages.grpo_config import GRPOConfig
+from wordle_mlx.stages.sft import SFTConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "config" / "gemma3-4b"
+SCRIPT = ROOT / "scripts" / "train_4b.sh"
+VARIANTS = {"bf16": 24, "4bit": 16}
+# mlx-community/gemma-3-4b-it-bf16's config.json, the keys that size the model
+CONFIG_4B = {"model_type": "gemma3", "vocab_size": 262_208, "torch_dtype": "bfloat16", "eos_token_id": [1, 106],
+             "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                             "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+                             "head_dim": 256, "sliding_window": 1024, "sliding_window_pattern": 6}}
+
+
+def adapters_of(cfg) -> Path:
+    return resolve_path(cfg, cfg.logs_dir).resolve() / cfg.run_name / "adapters"
+
+
+class RecipeConfigsTest(unittest.TestCase):
+    def load(self, name: str, model):
+        return load_config(RECIPE / name, model)
+
+    def test_chain_per_variant(self):
+        """data -> sft -> self-play -> sft-choice -> self-play-2 -> cover (the script's line) -> sft-cover -> grpo."""
+        data = self.load("data.json", DataConfig)
+        self.assertEqual((data.prompt.style, data.prompt.guess_format, data.prompt.require_think),
+                         ("compact", "letters", False))
+        script = SCRIPT.read_text()
+        cover = re.search(r'\$W data cover --data "(\S+)" --out "(\S+)"', script)
+        self.assertIsNotNone(cover, "scripts/train_4b.sh: no `$W data cover --data A --out B` line")
+        for v in VARIANTS:
+            with self.subTest(variant=v):
+                sft = self.load(f"sft-{v}.json", SFTConfig)
+                self.assertEqual(sft.model, f"mlx-community/gemma-3-4b-it-{v}")
+                self.assertTrue(sft.grad_checkpoint)
+                self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
+                play = self.load(f"self-play-{v}.json", ChoiceConfig)
+                self.assertEqual(resolve_path(play, play.adapter).resolve(), adapters_of(sft))
+                choice = self.load(f"sft-choice-{v}.json", SFTConfig)
+                self.assertEqual(resolve_path(choice, choice.data).resolve(), resolve_path(play, play.out).resolve())
+                self.assertEqual(resolve_path(choice, choice.start_adapter).resolve(), adapters_of(sft))
+                play2 = self.load(f"self-play-2-{v}.json", ChoiceConfig)
+                self.assertEqual(resolve_path(play2, play2.adapter).resolve(), adapters_of(choice))
+                cover_in, cover_out = (ROOT / cover[i].replace("$VARIANT", v) for i in (1, 2))
+                self.assertEqual(cover_in.resolve(), resolve_path(play2, play2.out).resolve())
+                last = self.load(f"sft-cover-{v}.json", SFTConfig)
+                self.assertEqual(resolve_path(last, last.data).resolve(), cover_out.resolve())
+                self.assertEqual(resolve_path(last, last.start_adapter).resolve(), adapters_of(choice))
+                grpo = self.load(f"grpo-{v}.json", GRPOConfig)
+                self.assertEqual(resolve_path(grpo, grpo.model.start_adapter).resolve(), adapters_of(last))
+                self.assertEqual((grpo.rl.mode, grpo.training.optimizer), ("turn", "sgd"))
+                self.assertEqual(grpo.rl.prompt, data.prompt)
+                self.assertEqual(self.load(f"eval-{v}.json", EvalConfig).rollout.prompt, data.prompt)
+
+    def test_variants_differ_only_in_the_model(self):
+        for stem in ("sft", "self-play", "sft-choice", "self-play-2", "sft-cover", "grpo", "eval"):
+            with self.subTest(config=stem):
+                text = {v: (RECIPE / f"{stem}-{v}.json").read_text() for v in VARIANTS}
+                self.assertEqual(text["bf16"].replace("bf16", "4bit"), text["4bit"])
+
+    def test_planner_says_each_training_config_fits_its_mac(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for v, memory in VARIANTS.items():
+                config = dict(CONFIG_4B, **({"quantization": {"group_size": 64, "bits": 4}} if v == "4bit" else {}))
+                model_json = Path(tmp) / f"{v}.json"
+                model_json.write_text(json.dumps(config))
+                for stem in ("sft", "sft-choice", "sft-cover", "grpo"):
+                    with self.subTest(config=f"{stem}-{v}"):
+                        result = plan.run(plan.PlanConfig(config=str(RECIPE / f"{stem}-{v}.json"),
+                                                          model_json=str(model_json), memory_gb=memory,
+                                                          json_output=True))
+                        self.assertIn(memory, result["fits_mac_gb"])
+                        self.assertGreater(result["peak_gb"], 2.0)     # at least the 4-bit weights
+
+
+if __name__ == "__main__":
+    unittest.main()

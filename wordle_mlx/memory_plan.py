@@ -1,0 +1,265 @@
+"""Peak-memory arithmetic for one SFT or GRPO step: pure functions of model dimensions and config numbers.
+
+`ModelDims` holds what memory depends on (hidden size, layers, heads, KV heads, head size, MLP width,
+vocabulary, Gemma 3's sliding window and pattern, bytes per value, quantization bits and group size).
+`sft_plan` and `grpo_plan` return a `MemoryPlan`: itemised bytes whose sum is the expected peak of MLX's
+allocator (`mx.get_peak_memory()`) during one step:
+- weights: the text model's parameters at their dtype, or at `bits` per value plus a scale and a bias per
+  group of `group_size` (mlx-lm's affine quantization; norms stay in the float dtype). mlx-lm drops the
+  vision tower of Gemma 3's multimodal checkpoints when it loads them, so it costs nothing here;
+- LoRA: rank x (in + out) per adapted linear, float32, times (weights + gradients + optimizer states);
+- KV cache (GRPO rollouts): rows x allocated tokens x KV heads x head size x 2 (keys, values) x bytes per
+  layer; mlx-lm allocates caches in steps of 256 tokens and a sliding-window layer never holds more than its
+  window;
+- activations: what the backward pass keeps per token and layer (ACTIVATION_VALUES_PER_TOKEN below), all
+  layers without gradient checkpointing, with it the layer inputs plus one layer recomputed;
+- logits: the loss positions of a micro-batch x vocabulary, in the model dtype then float32 with its
+  gradient and softmax (LOGIT_COPIES).
+GRPO's peak is the larger of its rollout phase (KV cache and sampling logits) and its update phase
+(activations and loss logits); both hold the weights and the LoRA state. The constants are structural
+counts of the arrays kept alive, checked against measured peaks by `benchmarks/memory_plan.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+GB = 1024 ** 3
+MAC_SIZES_GB = (8, 16, 24, 32, 36, 48, 64, 96, 128)
+WORKING_SET_FRACTION = 0.75       # macOS lets the GPU wire about this share of unified memory
+KV_STEP = 256                     # mlx-lm's KVCache / RotatingKVCache grow in steps of this many tokens
+LOGIT_COPIES_FLOAT32 = 3          # float32 logits, their softmax / log-softmax, and their gradient
+DEFAULT_LORA_KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    sliding_window: int
+    sliding_window_pattern: int
+    value_bytes: int                 # bytes per float weight / activation: 4 float32, 2 bfloat16 / float16
+    bits: int | None = None          # quantized linears and embedding (mlx-lm's affine quantization)
+    group_size: int = 64
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear inside one transformer block, by mlx-lm's module name."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"self_attn.q_proj": (self.hidden, q), "self_attn.k_proj": (self.hidden, kv),
+                "self_attn.v_proj": (self.hidden, kv), "self_attn.o_proj": (q, self.hidden),
+                "mlp.gate_proj": (self.hidden, self.intermediate), "mlp.up_proj": (self.hidden, self.intermediate),
+                "mlp.down_proj": (self.intermediate, self.hidden)}
+
+    def sliding_layers(self) -> int:
+        return sum(1 for i in range(self.layers) if (i + 1) % self.sliding_window_pattern != 0)
+
+
+@dataclass
+class MemoryPlan:
+    items: dict[str, int]            # bytes by part, in the order they are printed
+    notes: dict[str, str] = field(default_factory=dict)   # the arithmetic behind each part
+
+    @property
+    def peak(self) -> int:
+        return sum(self.items.values())
+
+
+def text_parameters(d: ModelDims) -> tuple[int, int]:
+    """(parameters in linears and the embedding, parameters in norms) of the text model (tied embedding)."""
+    linear = d.vocab * d.hidden + d.layers * sum(i * o for i, o in d.linear_shapes().values())
+    norms = d.layers * (4 * d.hidden + 2 * d.head_dim) + d.hidden
+    return linear, norms
+
+
+def weight_bytes(d: ModelDims) -> int:
+    linear, norms = text_parameters(d)
+    if d.bits is None:
+        return (linear + norms) * d.value_bytes
+    groups = linear // d.group_size
+    return linear * d.bits // 8 + groups * 2 * d.value_bytes + norms * d.value_bytes
+
+
+def lora_parameters(d: ModelDims, rank: int, num_layers: int, keys=None) -> int:
+    """LoRA weights of the last `num_layers` blocks (-1: all), on `keys` (None: every linear of a block)."""
+    shapes = d.linear_shapes()
+    keys = DEFAULT_LORA_KEYS if keys is None else keys
+    blocks = d.layers if num_layers < 0 else min(num_layers, d.layers)
+    return blocks * sum(rank * (shapes[k][0] + shapes[k][1]) for k in keys if k in shapes)
+
+
+def lora_bytes(params: int, optimizer_states: int, gradients: int = 1) -> int:
+    """float32 LoRA weights, `gradients` gradient trees alive at once and the optimizer's states per weight."""
+    return params * 4 * (1 + gradients + optimizer_states)
+
+
+def kv_cache_bytes(d: ModelDims, rows: int, tokens: int) -> int:
+    allocated = math.ceil(tokens / KV_STEP) * KV_STEP
+    sliding = d.sliding_layers()
+    per_layer_tokens = sliding * min(allocated, d.sliding_window) + (d.layers - sliding) * allocated
+    return rows * per_layer_tokens * d.kv_heads * d.head_dim * 2 * d.value_bytes
+
+
+def activation_values_per_token(d: ModelDims, row_length: int) -> int:
+    """Values one block keeps for its backward pass per token: 8 hidden-sized arrays (residuals, four norm
+    outputs, attention and MLP outputs), queries / keys / values before and after their norm and rope, the
+    attention output, 4 MLP-wide arrays (gate, up, GELU(gate), their product) and the attention
+    probabilities with their scores (heads x row length)."""
+    qkv = (d.heads + 2 * d.kv_heads) * d.head_dim
+    return 8 * d.hidden + 2 * qkv + d.heads * d.head_dim + 4 * d.intermediate + 2 * d.heads * row_length
+
+
+def activation_bytes(d: ModelDims, tokens: int, row_length: int, grad_checkpoint: bool) -> int:
+    """Activations kept for the backward pass of one micro-batch of `tokens` tokens in rows of `row_length`."""
+    one_block = tokens * activation_values_per_token(d, row_length) * d.value_bytes
+    if not grad_checkpoint:
+        return d.layers * one_block
+    return d.layers * tokens * d.hidden * d.value_bytes + one_block
+
+
+def logit_bytes(d: ModelDims, positions: int, backward: bool = True) -> int:
+    copies = LOGIT_COPIES_FLOAT32 if backward else 1
+    return positions * d.vocab * (d.value_bytes + 4 * copies)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+@dataclass(frozen=True)
+class SFTNumbers:
+    batch_size: int
+    row_length: int                  # padded tokens per example (prompt + reply)
+    reply_tokens: int                # target tokens per example
+    pad_to: int
+    rank: int
+    num_layers: int
+    keys: tuple | None
+    grad_checkpoint: bool
+    grad_accumulation: int = 1
+    shared_prefix: int = 0           # tokens every example starts with, run once per batch (share_prefix)
+
+
+def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
+    lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
+    gradients = 2 if n.grad_accumulation > 1 else 1
+    row = round_up(n.row_length - n.shared_prefix, n.pad_to)       # each example's own part, padded
+    tokens = n.batch_size * row + n.shared_prefix
+    positions = round_up(n.batch_size * n.reply_tokens, n.pad_to)
+    plan = MemoryPlan({
+        "weights": weight_bytes(d),
+        "lora": lora_bytes(lora, 2, gradients),
+        "activations": activation_bytes(d, tokens, n.row_length, n.grad_checkpoint),
+        "logits": logit_bytes(d, positions),
+    })
+    plan.notes = {
+        "weights": weight_note(d),
+        "lora": f"{lora:,} params x 4 B x (1 + {gradients} grad + 2 AdamW states)",
+        "activations": activation_note(d, tokens, n.row_length, n.grad_checkpoint,
+                                       f"{n.batch_size} x {row} + {n.shared_prefix} shared"),
+        "logits": f"{positions} positions x {d.vocab:,} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B",
+    }
+    return plan
+
+
+@dataclass(frozen=True)
+class GRPONumbers:
+    batch_prompts: int
+    generations: int                 # replies (turn mode) or games (episode mode) per prompt, greedy member included
+    prompt_tokens: int
+    reply_tokens: int                # max_completion_tokens
+    completion_batch_size: int
+    max_tokens_per_microbatch: int
+    max_loss_tokens_per_microbatch: int
+    rank: int
+    num_layers: int
+    keys: tuple | None
+    optimizer_states: int            # 2 AdamW, 1 SGD with momentum, 0 plain SGD
+    grad_checkpoint: bool = False
+    share_prompts: bool = False      # turn mode: a group's replies go through one pass after their one prompt
+
+
+def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
+    """Rollout: every sampled row's KV cache plus each prompt's own prefilled cache (mlx-lm copies them into
+    the batch), and one step's sampling logits. Update: one micro-batch; with shared prompts (turn mode) a
+    pass is one prompt and its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt +
+    reply up to max_tokens_per_microbatch."""
+    lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
+    rows = min(n.batch_prompts * n.generations, n.completion_batch_size)
+    length = n.prompt_tokens + n.reply_tokens
+    if n.share_prompts:
+        positions = min(n.max_loss_tokens_per_microbatch, n.generations * n.reply_tokens)
+        tokens, shape = n.prompt_tokens + positions, f"1 prompt of {n.prompt_tokens} + {positions} reply"
+    else:
+        micro_rows = max(1, min(n.batch_prompts * n.generations * length, n.max_tokens_per_microbatch) // length)
+        positions = min(n.max_loss_tokens_per_microbatch, micro_rows * n.reply_tokens)
+        tokens, shape = micro_rows * length, f"{micro_rows} x {length}"
+    cache = kv_cache_bytes(d, rows + n.batch_prompts, length)
+    rollout = {"kv_cache": cache, "logits": logit_bytes(d, rows, backward=False)}
+    update = {"activations": activation_bytes(d, tokens, length, n.grad_checkpoint), "logits": logit_bytes(d, positions)}
+    phase = "rollout" if sum(rollout.values()) >= sum(update.values()) else "update"
+    items = {"weights": weight_bytes(d), "lora": lora_bytes(lora, n.optimizer_states),
+             **(rollout if phase == "rollout" else update)}
+    allocated = math.ceil(length / KV_STEP) * KV_STEP
+    notes = {
+        "weights": weight_note(d),
+        "lora": f"{lora:,} params x 4 B x (1 + 1 grad + {n.optimizer_states} optimizer states)",
+        "kv_cache": (f"({rows} rows + {n.batch_prompts} prompts) x ({d.sliding_layers()} sliding layers x "
+                     f"min({allocated}, {d.sliding_window}) + {d.layers - d.sliding_layers()} global x {allocated}) "
+                     f"tokens x {d.kv_heads} KV heads x {d.head_dim} x 2 x {d.value_bytes} B"),
+        "activations": activation_note(d, tokens, length, n.grad_checkpoint, shape),
+        "logits": (f"{rows} sampling rows x {d.vocab:,} x ({d.value_bytes} + 4) B" if phase == "rollout" else
+                   f"{positions} loss positions x {d.vocab:,} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B"),
+        "phase": (f"peak in the {phase} phase (rollout {gb(sum(rollout.values())):.2f} GB of KV cache + sampling "
+                  f"logits, update {gb(sum(update.values())):.2f} GB of activations + loss logits)"),
+    }
+    return MemoryPlan(items, {k: v for k, v in notes.items() if k in items or k == "phase"})
+
+
+def weight_note(d: ModelDims) -> str:
+    linear, norms = text_parameters(d)
+    if d.bits is None:
+        return f"{linear + norms:,} params x {d.value_bytes} B"
+    return (f"{linear:,} params x {d.bits} bits + {linear // d.group_size:,} groups x 2 x {d.value_bytes} B "
+            f"(scale, bias) + {norms:,} norm params x {d.value_bytes} B")
+
+
+def activation_note(d: ModelDims, tokens: int, length: int, grad_checkpoint: bool, shape: str) -> str:
+    per = activation_values_per_token(d, length)
+    if grad_checkpoint:
+        return (f"checkpointed: {tokens} tokens ({shape}) x ({d.layers} layers x {d.hidden} + one layer's "
+                f"{per:,}) values x {d.value_bytes} B")
+    return f"{tokens} tokens ({shape}) x {d.layers} layers x {per:,} values x {d.value_bytes} B"
+
+
+def gb(n: int | float) -> float:
+    return n / GB
+
+
+def working_set(memory_gb: float) -> float:
+    """Bytes a Mac with `memory_gb` of unified memory lets MLX use comfortably."""
+    return memory_gb * GB * WORKING_SET_FRACTION
+
+
+def fitting_sizes(peak: int) -> list[int]:
+    return [s for s in MAC_SIZES_GB if peak <= working_set(s)]
+
+
+def largest_fitting(plan_for, budget_bytes: float, limit: int = 4096) -> int:
+    """The largest n in 1..limit with plan_for(n).peak <= budget (0 if even n = 1 does not fit); peaks grow with n."""
+    if plan_for(1).peak > budget_bytes:
+        return 0
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan_for(mid).peak <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

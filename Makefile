@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo blas clean-venv train-270m
+.PHONY: setup test demo blas clean-venv train-270m llamacpp-check
 
 setup: $(STAMP) blas
 
@@ -28,6 +28,10 @@ demo: setup
 # The real run (~6.5 h on 2 cores with the greedy evals; resumable: run it again after an interruption).
 train-270m: setup
 	bash scripts/train_270m_cpu.sh
+
+# On demand: llama.cpp (llama-cpp-python from PyPI, built in .venv-llamacpp) vs wordle-mlx on 100 test boards.
+llamacpp-check: setup
+	$(PY) scripts/llamacpp_check.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -114,15 +114,31 @@ def greedy_reply(model, prompt_ids: list[int], stop: set[int]) -> tuple[list[int
     logits = model(mx.array([prompt_ids]), cache=cache)[0, -1].astype(mx.float32)
     reply, topk = [], []
     while len(reply) < MAX_REPLY_TOKENS:
-        order = mx.argsort(-logits)[:TOP_K]
-        mx.eval(order, logits)
-        ids = [int(t) for t in order.tolist()]
+        top = mx.argpartition(-logits, TOP_K - 1)[:TOP_K]
+        mx.eval(top, logits)
+        ids = sorted((int(t) for t in top.tolist()), key=lambda t: -logits[t].item())
         topk.append({"ids": ids, "logits": [float(logits[t].item()) for t in ids]})
         reply.append(ids[0])
         if ids[0] in stop:
             break
         logits = model(mx.array([[ids[0]]]), cache=cache)[0, -1].astype(mx.float32)
     return reply, topk
+
+
+def wordle_mlx_replies(model, tokenizer, count: int) -> dict:
+    """The job for llama.cpp: each board's prompt text, wordle-mlx's prompt ids, greedy reply and top-k logits."""
+    from wordle_mlx.llm.generation import end_token_ids
+    from wordle_mlx.llm.prompts import adapter_prompt, build_messages
+
+    prompt, stop, boards = adapter_prompt(ADAPTER), end_token_ids(tokenizer), []
+    for secret, board in test_boards(count):
+        messages = build_messages(prompt, board)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        reply, topk = greedy_reply(model, ids, stop)
+        boards.append({"secret": secret, "board": board, "text": text, "our_prompt_ids": ids, "our_reply": reply,
+                       "our_topk": topk})
+    return {"stop_ids": sorted(stop), "boards": boards}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -138,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-llamacpp")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "logs" / "llamacpp-check")
     parser.add_argument("--reuse-gguf", action="store_true", help="Keep an existing exported GGUF.")
+    parser.add_argument("--reuse-replies", action="store_true",
+                        help="Keep wordle-mlx's replies from an earlier run's job.json (same boards).")
+    parser.add_argument("--replies-only", action="store_true",
+                        help="Stop after wordle-mlx's replies (job.json), e.g. while llama.cpp still builds.")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -145,41 +165,40 @@ def main(argv: list[str] | None = None) -> int:
         worker(*args.worker)
         return 0
     sys.path.insert(0, str(ROOT))
-    from wordle_mlx.llm.generation import end_token_ids
+    from wordle_mlx.blas import reexec_with_openblas
+    reexec_with_openblas()     # MLX's bundled reference BLAS is ~30x slower on Linux
     from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.prompts import adapter_prompt, build_messages, parse_reply
+    from wordle_mlx.llm.prompts import parse_reply
     from wordle_mlx.stages import export
 
     start = time.perf_counter()
-    python = ensure_llamacpp(args.venv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     gguf = args.out_dir / "wordle-270m-f32.gguf"
     if not (args.reuse_gguf and gguf.is_file()):
         export.run(export.ExportConfig(adapter=str(ADAPTER), out=str(gguf), gguf_type="f32", overwrite=True,
                                        json_output=True))
     print(f"exported {gguf} ({gguf.stat().st_size / 1e6:.0f} MB)", flush=True)
-
-    prompt = adapter_prompt(ADAPTER)
     model, tokenizer = load_model("builtin:gemma-3-270m", adapter_path=ADAPTER)
-    stop = end_token_ids(tokenizer)
-    boards, job = test_boards(args.boards), []
-    for secret, board in boards:
-        messages = build_messages(prompt, board)
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-        reply, topk = greedy_reply(model, ids, stop)
-        job.append({"secret": secret, "board": board, "text": text, "our_prompt_ids": ids, "our_reply": reply,
-                    "our_topk": topk})
-    print(f"wordle-mlx replied on {len(job)} boards", flush=True)
-    n_ctx = max(len(b["our_prompt_ids"]) + len(b["our_reply"]) for b in job) + MAX_REPLY_TOKENS + 16
     job_file, result_file = args.out_dir / "job.json", args.out_dir / "llamacpp.json"
-    job_file.write_text(json.dumps({"gguf": str(gguf), "n_ctx": n_ctx, "threads": args.threads,
-                                    "stop_ids": sorted(stop), "max_tokens": MAX_REPLY_TOKENS, "boards": job}))
-    subprocess.run([str(python), __file__, "--worker", str(job_file), str(result_file)], check=True)
+    if args.reuse_replies and job_file.is_file() and len(json.loads(job_file.read_text())["boards"]) == args.boards:
+        job = json.loads(job_file.read_text())
+    else:
+        job = wordle_mlx_replies(model, tokenizer, args.boards)
+        n_ctx = max(len(b["our_prompt_ids"]) + len(b["our_reply"]) for b in job["boards"]) + MAX_REPLY_TOKENS + 16
+        job.update({"gguf": str(gguf), "n_ctx": n_ctx, "threads": args.threads, "max_tokens": MAX_REPLY_TOKENS})
+        job_file.write_text(json.dumps(job))
+    print(f"wordle-mlx replied on {len(job['boards'])} boards ({time.perf_counter() - start:.0f} s)", flush=True)
+    if args.replies_only:
+        return 0
+    python = ensure_llamacpp(args.venv)
+    print(f"llama.cpp ({LLAMA_CPP_PYTHON}) replies on the same prompt texts", flush=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # OpenBLAS is for MLX, not llama.cpp
+    subprocess.run([str(python), __file__, "--worker", str(job_file), str(result_file)], check=True, env=env)
     theirs = json.loads(result_file.read_text())
 
     same_replies = same_prompts = positions = agree = 0
     worst_diff, scale, differing = 0.0, 0.0, []
+    job = job["boards"]
     for i, (ours, llama) in enumerate(zip(job, theirs["boards"])):
         same_prompts += ours["our_prompt_ids"] == llama["prompt_ids"]
         positions += len(ours["our_reply"])

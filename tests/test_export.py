@@ -84,22 +84,30 @@ def storage_bound(w: np.ndarray, gguf_type: str) -> np.ndarray:
     return np.broadcast_to(d * (0.5 + 127 * 2.0 ** -11), w.reshape(w.shape[0], -1, 32).shape).reshape(w.shape)
 
 
-class TinyRoundTripTest(unittest.TestCase):
+class TinyAdapterCase(unittest.TestCase):
+    """A temporary folder holding a random LoRA adapter for builtin:tiny-random."""
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.dir = Path(cls.tmp.name)
         cls.adapter = cls.dir / "adapter"
         make_adapter("builtin:tiny-random", cls.adapter)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+
+class TinyRoundTripTest(TinyAdapterCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
         cls.model, cls.tokenizer = load_model("builtin:tiny-random", adapter_path=cls.adapter)
         cls.reference = logits_of(cls.model, cls.tokenizer)
         fuse_lora_layers(cls.model)
         cls.fused = {n: np.array(v.astype(mx.float32)) for n, v in tree_flatten(cls.model.parameters())}
         cls.results = {t: run_export(cls.adapter, cls.dir / f"tiny-{t}.gguf", t) for t in ("f32", "f16", "q8_0")}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def imported(self, gguf_type: str):
         folder = self.dir / f"imported-{gguf_type}"
@@ -253,19 +261,8 @@ def write_llama_folder(folder: Path) -> None:
         shutil.copy(tiny / name, folder / name)
 
 
-class ExportErrorsTest(unittest.TestCase):
+class ExportErrorsTest(TinyAdapterCase):
     """One line on stderr, exit 2, and nothing left in the output folder."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.dir = Path(cls.tmp.name)
-        cls.adapter = cls.dir / "adapter"
-        make_adapter("builtin:tiny-random", cls.adapter)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def cli_fails(self, *args: str) -> str:
         out_dir = self.dir / "out"

@@ -38,36 +38,55 @@ NEED_SAME_REPLIES, NEED_TOP1 = 0.98, 0.99
 # ---------------------------------------------------------------- llama.cpp side (runs in .venv-llamacpp)
 
 def worker(job_path: str, result_path: str) -> None:
-    """Greedy replies and teacher-forced top-1 tokens from llama.cpp for every board of the job file."""
+    """Teacher-forced top-1 tokens and greedy replies from llama.cpp for every board of the job file.
+
+    Teacher-forced on wordle-mlx's reply, llama.cpp's top-1 at each position is its greedy choice while the
+    reply so far is the same; so its greedy reply is wordle-mlx's when every top-1 agrees, and otherwise
+    greedy decoding goes on from the first position where they differ."""
+    import ctypes
+
+    import llama_cpp
     import numpy as np
     from llama_cpp import Llama
 
     job = json.loads(Path(job_path).read_text())
     llm = Llama(model_path=job["gguf"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], n_threads=job["threads"],
-                logits_all=True, verbose=False)
-    stop = set(job["stop_ids"])
-    eog = [t for t in stop if llm._model.token_is_eog(t)] if hasattr(llm._model, "token_is_eog") else None
+                logits_all=False, verbose=False)
+    n_vocab, stop = llm.n_vocab(), set(job["stop_ids"])
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    eog = [t for t in sorted(stop) if llama_cpp.llama_vocab_is_eog(vocab, t)]    # llama.cpp's own end-of-generation set
+
+    def last_logits():
+        pointer = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).copy()
+
     results = []
     for board in job["boards"]:
         ids = llm.tokenize(board["text"].encode("utf-8"), add_bos=False, special=True)
-        llm.reset()
-        llm.eval(ids)
-        reply = []
-        while len(reply) < job["max_tokens"]:
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            reply.append(token)
-            if token in stop:
-                break
-            llm.eval([token])
         forced = board["our_reply"]
         llm.reset()
-        llm.eval(ids + forced)
+        llm.eval(ids)
         top1, diffs = [], []
-        for j in range(len(forced)):
-            row = llm.scores[len(ids) - 1 + j]
+        for j, token in enumerate(forced):
+            row = last_logits()
             top1.append(int(np.argmax(row)))
             ours = board["our_topk"][j]
             diffs.append(max(abs(float(row[t]) - v) for t, v in zip(ours["ids"], ours["logits"])))
+            if j + 1 < len(forced):
+                llm.eval([token])
+        split = next((j for j, (a, b) in enumerate(zip(top1, forced)) if a != b), None)
+        reply = list(forced) if ids == board["our_prompt_ids"] and split is None else None
+        if reply is None:           # greedy from scratch up to the first difference, then on its own
+            split = split or 0
+            reply = list(forced[:split])
+            llm.reset()
+            llm.eval(ids + reply)
+            while len(reply) < job["max_tokens"]:
+                token = int(np.argmax(last_logits()))
+                reply.append(token)
+                if token in stop:
+                    break
+                llm.eval([token])
         results.append({"prompt_ids": ids, "reply": reply, "reply_text": llm.detokenize(reply).decode("utf-8", "replace"),
                         "top1": top1, "topk_logit_diff": diffs})
     Path(result_path).write_text(json.dumps({"boards": results, "eog_stop_ids": eog}))

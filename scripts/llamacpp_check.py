@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Keep wordle-mlx's replies from an earlier run's job.json (same boards).")
     parser.add_argument("--replies-only", action="store_true",
                         help="Stop after wordle-mlx's replies (job.json), e.g. while llama.cpp still builds.")
+    parser.add_argument("--llama-python", type=Path,
+                        help="A Python that can already import llama_cpp (skips the .venv-llamacpp install).")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wordle-mlx replied on {len(job['boards'])} boards ({time.perf_counter() - start:.0f} s)", flush=True)
     if args.replies_only:
         return 0
-    python = ensure_llamacpp(args.venv)
+    python = args.llama_python or ensure_llamacpp(args.venv)
     print(f"llama.cpp ({LLAMA_CPP_PYTHON}) replies on the same prompt texts", flush=True)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # OpenBLAS is for MLX, not llama.cpp
     subprocess.run([str(python), __file__, "--worker", str(job_file), str(result_file)], check=True, env=env)

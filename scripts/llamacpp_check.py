@@ -240,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"boards": n, "same_greedy_reply": same_replies, "top1_agreement": round(top1, 5),
                "reply_positions": positions, "prompts_tokenized_the_same": same_prompts,
                "max_top5_logit_diff": round(worst_diff, 5), "max_abs_logit": round(scale, 3),
+               "min_top2_gap_ours": round(min(k["logits"][0] - k["logits"][1] for b in job for k in b["our_topk"]), 5),
                "llama_cpp_eog_stop_ids": theirs["eog_stop_ids"], "differing": differing,
-               "valid_guesses_ours": sum(parse_reply(tokenizer.decode(b["our_reply"]), False).error is None for b in job),
+               "well_formed_replies_ours": sum(parse_reply(tokenizer.decode(b["our_reply"]), False).error is None for b in job),
                "passed": passed, "llama_cpp_python": LLAMA_CPP_PYTHON, "gguf": str(gguf),
                "seconds": round(time.perf_counter() - start, 1)}
     (args.out_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"top-1 agreement over reply positions: {agree}/{positions} = {top1:.4f}")
     print(f"prompts tokenized the same by llama.cpp: {same_prompts}/{n}")
     print(f"largest logit difference on wordle-mlx's top-{TOP_K} tokens: {worst_diff:.4g} (largest |logit| {scale:.3g})")
+    print(f"closest wordle-mlx decision (top-1 minus top-2 logit): {summary['min_top2_gap_ours']:.4g}")
     for d in differing:
         print(f"  board {d['board']} ({d['secret']}): first difference at reply position {d['position']}: "
               f"wordle-mlx {d['ours']!r} vs llama.cpp {d['llama_cpp']!r} (wordle-mlx top-2 gap {d['our_top2_gap']})")

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo blas clean-venv train-270m train-4b
+.PHONY: setup test demo blas clean-venv train-270m train-4b llamacpp-check
 
 setup: $(STAMP) blas
 
@@ -32,6 +32,10 @@ train-270m: setup
 # Gemma 3 4B on a Mac (VARIANT=bf16 for 24 GB and more, VARIANT=4bit for 16 GB); resumable like train-270m.
 train-4b: setup
 	bash scripts/train_4b.sh
+
+# On demand: llama.cpp (llama-cpp-python from PyPI, built in .venv-llamacpp) vs wordle-mlx on 100 test boards.
+llamacpp-check: setup
+	$(PY) scripts/llamacpp_check.py
 
 clean-venv:
 	rm -rf $(VENV)

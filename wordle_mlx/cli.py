@@ -315,6 +315,21 @@ def plan(config: Annotated[Path, typer.Option("--config", "-c", help="An SFT or 
     emit(stage.run(cfg), json_output)
 
 
+@app.command()
+def export(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter folder (adapters.safetensors + adapter_config.json).")],
+           out: Annotated[Path, typer.Option("--out", help="GGUF file to write; an Ollama NAME.Modelfile is written beside it.")],
+           model: Annotated[Optional[str], typer.Option("--model", help="Base model spec (default: the adapter's base_model).")] = None,
+           gguf_type: Annotated[str, typer.Option("--type", help="Matrix storage: f32, f16 or q8_0 (norms stay f32).")] = "f32",
+           overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
+           json_output: JsonFlag = False) -> None:
+    """Write the player (base model + fused LoRA, text weights) as a GGUF for llama.cpp / Ollama."""
+    from .stages import export as stage
+    cfg = load_config(None, stage.ExportConfig, {"adapter": str(adapter), "out": str(out), "model": model,
+                                                  "gguf_type": gguf_type, "overwrite": overwrite,
+                                                  "json_output": json_output})
+    emit(stage.run(cfg), json_output)
+
+
 model_app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Import models into mlx-lm folders.")
 app.add_typer(model_app, name="model")
 

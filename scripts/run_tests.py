@@ -24,6 +24,17 @@ class CountingResult(unittest.TextTestResult):
         super().__init__(*args, **kwargs)
         self.passed = 0
 
+        self.module_seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def stopTest(self, test):
+        """Seconds since the previous test ended, set-up of its class and module included, per module."""
+        super().stopTest(test)
+        now = time.perf_counter()
+        module = type(test).__module__
+        self.module_seconds[module] = self.module_seconds.get(module, 0.0) + now - self._last
+        self._last = now
+
     def addSuccess(self, test):
         super().addSuccess(test)
         self.passed += 1
@@ -51,7 +62,9 @@ def main() -> int:
     result = runner.run(suite)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
     skipped = len(result.skipped)
-    print(f"({time.time() - start:.1f}s)")
+    slowest = sorted(result.module_seconds.items(), key=lambda kv: -kv[1])[:5]
+    print(f"({time.time() - start:.1f}s; slowest modules: "
+          + ", ".join(f"{name.removeprefix('tests.')} {sec:.0f}s" for name, sec in slowest) + ")")
     print(f"{result.passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed or result.testsRun == 0 else 0
 

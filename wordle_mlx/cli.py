@@ -296,8 +296,9 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
     result = stage.run(cfg)
     if not json_output:
         from .progress import console
+        relation = "<=" if result["within_tolerance"] else "> the float bound"   # only a re-quantized output may
         console.print(f"fused {result['fused_layers']} layers into {result['out']} ({result['output']} "
-                      f"{result['dtype']}; max logit diff {result['max_abs_logit_diff']:.2e} <= "
+                      f"{result['dtype']}; max logit diff {result['max_abs_logit_diff']:.2e} {relation} "
                       f"{result['tolerance']:.2e}); {result['vision']}")
     emit(result, json_output)
 

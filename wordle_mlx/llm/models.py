@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -187,9 +188,34 @@ def cast_model(model, dtype: str | None) -> None:
     mx.eval(model.parameters())
 
 
+_TOKENIZERS: "OrderedDict[tuple, object]" = OrderedDict()     # the last few tokenizers loaded, see load_tokenizer
+KEEP_TOKENIZERS = 2
+
+
+def load_tokenizer(model_path: Path, eos_token_ids):
+    """mlx-lm's tokenizer for a model folder, parsed once per process: Gemma 3's 262k-entry tokenizer.json
+    takes seconds to parse, and one eval loads the same tokenizer for the model and the base-model baseline.
+    Keyed by the folder, its tokenizer files' sizes and times and the eos ids; nothing here mutates a
+    tokenizer (wordle-mlx decodes with `decode`, never the stateful streaming detokenizer)."""
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    files = sorted(p for p in Path(model_path).glob("*") if p.is_file() and ("token" in p.name or p.suffix == ".jinja"))
+    key = (str(Path(model_path).resolve()), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files),
+           repr(eos_token_ids))
+    if key in _TOKENIZERS:
+        _TOKENIZERS.move_to_end(key)
+        return _TOKENIZERS[key]
+    tokenizer = mlx_load_tokenizer(model_path, eos_token_ids=eos_token_ids)
+    _TOKENIZERS[key] = tokenizer
+    while len(_TOKENIZERS) > KEEP_TOKENIZERS:
+        _TOKENIZERS.popitem(last=False)
+    return tokenizer
+
+
 def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: str | None = None):
-    """Resolve `spec` and load `(model, tokenizer)` with mlx-lm, optionally with a LoRA adapter folder."""
-    import mlx_lm
+    """Resolve `spec` and load `(model, tokenizer)` with mlx-lm (what `mlx_lm.load` does, with the tokenizer
+    from `load_tokenizer`), optionally with a LoRA adapter folder."""
+    import mlx_lm.utils as mlx_utils
 
     location = resolve_model(spec, dtype)
     if adapter_path is not None:
@@ -198,7 +224,9 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
             if not (adapter / needed).is_file():
                 raise UserError(f"adapter {str(adapter_path)!r}: missing {needed}")
     try:
-        model, tokenizer = mlx_lm.load(str(location))
+        model_path = mlx_utils._download(str(location))       # a local folder as it is, a Hub id downloaded
+        model, config = mlx_utils.load_model(model_path)
+        tokenizer = load_tokenizer(model_path, config.get("eos_token_id"))
     except (OSError, ValueError) as exc:
         where = "Hugging Face repo" if isinstance(location, str) else "model folder"
         raise UserError(f"model {spec!r}: cannot load {where} {location}: {str(exc).splitlines()[0]}") from None

@@ -5,7 +5,8 @@ Each step draws B prompts (a train-split secret and a seeded board, generated on
 (`episode` mode) or samples G replies per turn of one trajectory (`turn` mode), scores them with
 `game/rewards.py`, and makes one clipped-ratio policy-gradient update of the LoRA weights
 (`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch (so the
-ratio is 1 up to numerics and clipping rarely binds), zero-variance groups are dropped rather than
+ratio is exactly 1 before it, the old log-probs being recomputed in float32 the way the update computes them,
+and `ratio_gap` in the metrics shows it), zero-variance groups are dropped rather than
 trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
 The model starts from the base weights or from an SFT adapter (`model.start_adapter`, whose LoRA layout it
 keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets
@@ -302,7 +303,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 parts = world.gather_json({      # every rank's games, so the metrics cover the whole batch
                     "rewards": [it.reward for it in items], "values": [it.values for it in items],
                     "counts": step_metrics.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
-                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9]})
+                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9, upd.ratio_gap]})
                 totals = np.array([r for p in parts for r in p["rewards"]])
                 slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
@@ -314,7 +315,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         "nonfinite_skips": st["nonfinite_total"],
                         "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],
-                        "update_seconds": slowest[1], "peak_memory_gb": slowest[2],
+                        "update_seconds": slowest[1], "peak_memory_gb": slowest[2], "ratio_gap": slowest[3],
                         "games": [g for p in parts for g in p["games"]]}
                 metrics.write(last)
                 done_step = step

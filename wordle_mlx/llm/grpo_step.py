@@ -286,15 +286,3 @@ def _leaves(tree) -> list:
     from mlx.utils import tree_flatten
 
     return [v for _, v in tree_flatten(tree)]
-
-
-def zero_variance_groups(items) -> tuple[int, set[int]]:
-    """(number of groups, ids of groups whose rewards are all equal)."""
-    by_group: dict[int, list[float]] = {}
-    for it in items:
-        by_group.setdefault(it.group, []).append(it.reward)
-    dead = set()
-    for g, r in by_group.items():
-        if group_advantages(r, [0] * len(r))[1]:
-            dead.add(g)
-    return len(by_group), dead

@@ -4,10 +4,10 @@ Each step draws B prompts (a train-split secret and a seeded board, generated on
 `seeding.seed_history`), rolls them out G times in one lockstep batch
 (`episode` mode) or samples G replies per turn of one trajectory (`turn` mode), scores them with
 `game/rewards.py`, and makes one clipped-ratio policy-gradient update of the LoRA weights
-(`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch (so the
-ratio is exactly 1 before it, the old log-probs being recomputed in float32 the way the update computes them,
-and `ratio_gap` in the metrics shows it), zero-variance groups are dropped rather than
-trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
+(`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch, so the old
+log-probs are the update's own float32 forward pass under `stop_gradient` (as TRL does with one iteration):
+the ratio is exactly 1 whatever the model's dtype and the clip never binds. Zero-variance groups are dropped
+rather than trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
 The model starts from the base weights or from an SFT adapter (`model.start_adapter`, whose LoRA layout it
 keeps). The configuration sections live in `grpo_config.py`. The run folder `logs/<run>/` gets
 `config.json`, `metrics.jsonl` (docs/METRICS.md: `run`, `train`, `valid`), atomic checkpoints (adapters,
@@ -15,8 +15,7 @@ optimizer, RNG state, prompt cursor) every N steps, and the final mlx-lm adapter
 continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C or SIGTERM ends the run
 after the current step with a checkpoint (`stop_signals.py`; a second Ctrl-C drops the unfinished step and
 saves the one before); K non-finite steps in a row save a checkpoint and stop with a message. Validation
-plays the same valid-split words greedily every N steps; `early_stopping_patience` stops when its win rate
-has not improved for that many passes.
+plays the same valid-split words greedily every N steps and keeps the best-scoring adapter in `adapters_best/`.
 """
 
 from __future__ import annotations
@@ -215,7 +214,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                                     rl.trains_greedy)
     rollout = grpo_step.rollout_turn_mode if rl.mode == "turn" else grpo_step.rollout_episode_mode
 
-    st = {"best_win_rate": None, "bad_validations": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
+    st = {"best_win_rate": None, "nonfinite_in_row": 0, "nonfinite_total": 0}
     step = 0
     if cfg.resume:
         saved = None
@@ -272,27 +271,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 rcfg = rollout_config(cfg, rl.temperature, rank_seed(step_seed(t.seed, step)))
                 out = rollout(player, specs, rcfg, allowed, rewards, group)
                 items, episodes, replies = list(out.items), list(out.episodes), list(out.replies)
-                tokens, rollout_s, resampled = out.tokens_generated, out.seconds, 0
-                for round_ in range(1, cfg.grpo.resample_zero_variance + 1):
-                    _, dead = grpo_step.zero_variance_groups(items)
-                    n_dead = int(world.sum_floats([len(dead)], "all_sum of zero-variance groups")[0])
-                    if not n_dead:
-                        break
-                    mx.random.seed(rank_seed(step_seed(t.seed, step, round_)))
-                    fresh = world.shard(prompts.draw(n_dead))
-                    offset = 1 + max(it.group for it in items)
-                    items = [it for it in items if it.group not in dead]
-                    resampled += n_dead
-                    if not fresh:
-                        continue
-                    more = rollout(player, fresh, rcfg, allowed, rewards, group)
-                    for it in more.items:
-                        it.group += offset
-                    items += list(more.items)
-                    episodes += more.episodes
-                    replies += more.replies
-                    tokens += more.tokens_generated
-                    rollout_s += more.seconds
+                tokens, rollout_s = out.tokens_generated, out.seconds
                 free_cache()                     # the rollout's KV caches, before the update's activations
                 upd = grpo_step.policy_update(model, optimizer, items, settings, world)
                 if upd.finite:
@@ -303,7 +282,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                 parts = world.gather_json({      # every rank's games, so the metrics cover the whole batch
                     "rewards": [it.reward for it in items], "values": [it.values for it in items],
                     "counts": step_metrics.game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes],
-                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9, upd.ratio_gap]})
+                    "tokens": tokens, "seconds": [rollout_s, upd.seconds, mx.get_peak_memory() / 1e9]})
                 totals = np.array([r for p in parts for r in p["rewards"]])
                 slowest = np.max([p["seconds"] for p in parts], axis=0).tolist()
                 last = {"kind": "train", "step": step, "time": time.time(), "lr": lr, "loss": upd.loss,
@@ -311,11 +290,11 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         "reward_mean": float(totals.mean()), "reward_std": float(totals.std()),
                         "rewards": step_metrics.value_stats([v for p in parts for v in p["values"]]),
                         **step_metrics.rates_from_counts([p["counts"] for p in parts]),
-                        "groups": upd.groups, "skipped_groups": upd.skipped_groups, "resampled_groups": resampled,
+                        "groups": upd.groups, "skipped_groups": upd.skipped_groups,
                         "nonfinite_skips": st["nonfinite_total"],
                         "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],
-                        "update_seconds": slowest[1], "peak_memory_gb": slowest[2], "ratio_gap": slowest[3],
+                        "update_seconds": slowest[1], "peak_memory_gb": slowest[2],
                         "games": [g for p in parts for g in p["games"]]}
                 metrics.write(last)
                 done_step = step
@@ -331,15 +310,9 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                     free_cache()
                     metrics.write(rec)
                     if st["best_win_rate"] is None or rec["win_rate"] > st["best_win_rate"]:
-                        st["best_win_rate"], st["bad_validations"] = rec["win_rate"], 0
+                        st["best_win_rate"] = rec["win_rate"]
                         if main:
                             save_adapters(run_dir / "adapters_best", model, acfg)
-                    else:
-                        st["bad_validations"] += 1
-                    patience = cfg.game_eval.early_stopping_patience
-                    if patience and st["bad_validations"] >= patience:
-                        stop_reason = f"early stopping: no better validation win rate in {patience} passes"
-                        break
                 if t.save_every and step % t.save_every == 0:
                     checkpoint(step)
                 if step < t.steps:

@@ -100,13 +100,11 @@ class GRPOSection(StrictModel):
     beta: float = Field(0.0, ge=0, description="KL weight to the reference policy, the model with LoRA switched off.")
     advantage: Literal["normalized", "centered"] = Field("normalized", description=(
         "'normalized': GRPO, (r - mean) / std within a group; 'centered': r - mean (Dr. GRPO)."))
-    resample_zero_variance: int = Field(0, ge=0, description="Rounds of fresh prompts to replace zero-variance groups.")
 
 
 class GameEvalSection(StrictModel):
     every: int = Field(0, ge=0, description="Play the valid-split games every N steps (and at the end); 0 = never.")
     games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
-    early_stopping_patience: int = Field(0, ge=0, description="Stop after N passes without a better win rate; 0 = off.")
 
 
 class GRPOConfig(StrictModel):

@@ -206,7 +206,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
     generate = generate_fn or BatchedGenerator(model, tokenizer)
     settings = grpo_step.UpdateSettings(
-        LossSettings(cfg.grpo.epsilon, cfg.grpo.epsilon_high, cfg.grpo.beta, rl.temperature),
+        LossSettings(beta=cfg.grpo.beta, temperature=rl.temperature),
         "token", cfg.grpo.advantage, t.max_grad_norm, t.max_tokens_per_microbatch,
         t.max_loss_tokens_per_microbatch)
     player = grpo_step.Player(model, tokenizer, generate)
@@ -292,7 +292,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         **step_metrics.rates_from_counts([p["counts"] for p in parts]),
                         "groups": upd.groups, "skipped_groups": upd.skipped_groups,
                         "nonfinite_skips": st["nonfinite_total"],
-                        "clip_fraction": upd.clip_fraction, "tokens_generated": sum(p["tokens"] for p in parts),
+                        "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],
                         "update_seconds": slowest[1], "peak_memory_gb": slowest[2],
                         "games": [g for p in parts for g in p["games"]]}

@@ -95,8 +95,6 @@ class PromptsSection(StrictModel):
 
 
 class GRPOSection(StrictModel):
-    epsilon: float = Field(0.2, gt=0, lt=1, description="Clip range below 1 of the probability ratio.")
-    epsilon_high: float | None = Field(0.28, gt=0, description="Clip range above 1 (DAPO); None = epsilon.")
     beta: float = Field(0.0, ge=0, description="KL weight to the reference policy, the model with LoRA switched off.")
     advantage: Literal["normalized", "centered"] = Field("normalized", description=(
         "'normalized': GRPO, (r - mean) / std within a group; 'centered': r - mean (Dr. GRPO)."))

@@ -123,19 +123,6 @@ class TestEngineRules(unittest.TestCase):
         self.assertEqual(turn[3], last[3])
         self.assertEqual(turn[4], last[4])                  # a single error after a played guess reads as before
 
-    def test_invalid_reply_costs_turn_when_configured(self):
-        texts = ["junk", "junk", reply("slate"), reply("brine"), reply("pious"), reply("dumpy")]
-        cfg = RolloutConfig(max_invalid_replies=5, invalid_costs_turn=True)
-        ep = play_games(None, self.tok, [GameSpec("crane")], cfg, ALLOWED,
-                        generate_fn=Scripted(self.tok, [[t] for t in texts]))[0]
-        self.assertEqual(len(ep.turns), 6)
-        self.assertEqual(len(ep.state.guesses), 4)
-        self.assertTrue(ep.state.lost)
-        free = play_games(None, self.tok, [GameSpec("crane")], RolloutConfig(max_invalid_replies=5),
-                          ALLOWED, generate_fn=Scripted(self.tok, [[t] for t in texts[:2]] + [[reply("crane")]]))[0]
-        self.assertTrue(free.won)
-        self.assertEqual(free.state.guesses, ["crane"])
-
     def test_repeated_guess_is_played_and_flagged(self):
         backend = Scripted(self.tok, [[reply("slate")], [reply("slate")], [reply("crane")]])
         ep = play_games(None, self.tok, [GameSpec("crane")], RolloutConfig(), ALLOWED, generate_fn=backend)[0]

@@ -7,8 +7,7 @@ to the generation backend (`generation.BatchedGenerator`, i.e. one mlx-lm `Batch
 generation.py for stopping rules, KV-prefix reuse and the log-prob convention `policy_logprob_temperature`).
 Each reply is parsed (`prompts.parse_reply`) and recorded as an `episode.Turn`. A well-formed allowed
 word is played (repeats are played and flagged `repeated`); any other reply is invalid: it is counted,
-the next prompt says what was wrong, and with `invalid_costs_turn` it also uses up one of the six
-guesses (the board's `max_guesses` drops by one). A game ends on a win, when no guesses are left, or
+the next prompt says what was wrong, and it does not use up a guess. A game ends on a win, when no guesses are left, or
 after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
 prompts in one batch (GRPO turn mode); `sample_replies_and_greedy` adds each prompt's greedy reply to
 that batch. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build
@@ -38,7 +37,6 @@ __all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "sample_
 
 class RolloutConfig(SamplingConfig):
     max_invalid_replies: int = Field(3, ge=1, description="A game ends after this many invalid replies.")
-    invalid_costs_turn: bool = Field(False, description="An invalid reply also uses up one of the guesses.")
     max_guesses: int = Field(MAX_GUESSES, ge=1, le=MAX_GUESSES, description="Guesses per game.")
     max_turns: int | None = Field(None, ge=1, description="Stop each game after this many model turns (None: to the end).")
     prompt: PromptConfig = Field(default_factory=PromptConfig)
@@ -168,8 +166,6 @@ def _apply(game: _Game, prompt: list[int], reply: Completion, cfg: RolloutConfig
     else:
         ep.invalid_replies += 1
         game.turn_errors.append((parsed.error, parsed.guess))
-        if cfg.invalid_costs_turn:
-            state.max_guesses -= 1
     ep.turns.append(turn)
     game.texts.append(TurnText(reply=reply.text, guess=parsed.guess, pattern=turn.pattern, error=parsed.error))
     game.done = (state.won or len(state.guesses) >= state.max_guesses or ep.invalid_replies >= cfg.max_invalid_replies

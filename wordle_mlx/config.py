@@ -165,6 +165,7 @@ def config_relative_path(p: str | Path, base: str | Path, root: str | Path | Non
     return str(full)
 
 
-def config_hash(cfg: BaseModel) -> str:
-    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+def config_hash(cfg: BaseModel | dict) -> str:
+    """Ten hex digits of the config (a model, or its JSON dump as a run folder's config.json holds it)."""
+    blob = json.dumps(cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json"), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:10]

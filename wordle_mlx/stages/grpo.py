@@ -256,7 +256,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     if cfg.resume and main:
         truncate_after_step(run_dir / "metrics.jsonl", step)   # steps logged after the checkpoint are redone
     metrics = MetricsWriter(run_dir / "metrics.jsonl") if main else NullWriter()
-    metrics.write({"kind": "run", "stage": "grpo", "run": run_dir.name, "config_hash": config_hash(cfg),
+    metrics.write({"kind": "run", "stage": "grpo", "run": run_dir.name, "config_hash": config_hash(saved_cfg),
                    "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None,
                    "world_size": world.size})
     stop_reason, last, before_step, done_step = "finished", {}, prompts.state(), step

@@ -69,6 +69,12 @@ class HelperTest(unittest.TestCase):
         outside = self.root.parent / "elsewhere"
         self.assertEqual(config_relative_path(outside, "logs/sft"), str(outside))  # outside the project: absolute
 
+    def test_messages_name_relative_paths(self):
+        result = CliRunner().invoke(app, ["sft", "--model", TINY, "--no-progress"])   # no data/sft here
+        self.assertEqual(result.exit_code, 2, result.output)
+        self.assertIn("data/sft/train.jsonl: file not found", result.output)
+        self.assertNotIn(str(self.root), result.output)
+
 
 class MovableProjectTest(unittest.TestCase):
     """One chain in a temp folder, then the folder moved and both runs resumed there."""

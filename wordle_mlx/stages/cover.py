@@ -64,9 +64,10 @@ def read_folder(folder: Path) -> tuple[list[dict], list[dict], dict]:
 
 def run(cfg: CoverConfig) -> dict:
     t0 = time.monotonic()
-    src, out = resolve_path(cfg, cfg.data).resolve(), resolve_path(cfg, cfg.out).resolve()
+    # relative to the working folder when inside it, as messages and stats.json name them
+    src, out = (Path(display_path(resolve_path(cfg, p).resolve())) for p in (cfg.data, cfg.out))
     if src == out:
-        raise UserError(f"cover: out {display_path(out)} is the input folder; write the covered data to a new folder")
+        raise UserError(f"cover: out {out} is the input folder; write the covered data to a new folder")
     train, valid, stats = read_folder(src)
     prompt = PromptConfig(**stats["prompt"])
     if prompt.context != "summary" or prompt.require_think:
@@ -99,7 +100,7 @@ def run(cfg: CoverConfig) -> dict:
     sizes = np.array([ex.candidates for ex in examples]) if examples else np.zeros(1)
     test = set(splits["test"])
     stats = {**stats, "coverage": {
-        "input": display_path(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates,
+        "input": str(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates,
         "seed": cfg.seed, "examples": len(records), "records_added": len(records) * cfg.copies,
         "input_train_records": len(train), "words_covered": len({ex.word for ex in examples}),
         "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test),
@@ -114,5 +115,5 @@ def run(cfg: CoverConfig) -> dict:
     if cfg.progress:
         console.print(f"cover: {c['examples']} coverage examples for {c['words_covered']} answer words "
                       f"(median {c['candidates_median']:g} fitting answers a board), {len(merged)} train records "
-                      f"in {display_path(out)}")
-    return {"out": display_path(out), **c}
+                      f"in {out}")
+    return {"out": str(out), **c}

@@ -195,7 +195,7 @@ def prepare_run_dir(cfg: SFTConfig) -> Path:
 
 
 def load_data(cfg: SFTConfig):
-    folder = resolve_path(cfg, cfg.data).resolve()
+    folder = Path(display_path(resolve_path(cfg, cfg.data).resolve()))   # messages name it as the user would
     train = read_sft_jsonl(folder / "train.jsonl")
     valid = read_sft_jsonl(folder / "valid.jsonl") if cfg.valid_every else []
     stats = folder / "stats.json"

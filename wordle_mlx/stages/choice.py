@@ -180,7 +180,8 @@ def run(cfg: ChoiceConfig) -> dict:
     labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener)
     teacher_memo: dict[tuple, str] = {}
 
-    data, stats = {}, {"model": cfg.model, "adapter": display_path(adapter) if adapter else None, "seed": cfg.seed, "prompt": prompt.model_dump(),
+    data, stats = {}, {"model": cfg.model, "adapter": display_path(adapter) if adapter else None, "seed": cfg.seed,
+                       "prompt": prompt.model_dump(),
                        "traffic_cap": cfg.traffic_cap, "retry_fraction": cfg.retry_fraction, "opener": cfg.opener}
     for split, secrets in played_secrets(cfg, splits).items():
         assert not set(secrets) & set(splits["test"]), "choice secrets overlap the test split"

@@ -345,7 +345,8 @@ def run(cfg: DataConfig) -> dict:
              **{split: split_stats(records, cfg) for split, records in data.items()}}
     write_json_atomic(out / "stats.json", stats)
     if cfg.progress:
-        console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid SFT records to {display_path(out)}")
+        console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid SFT records to "
+                      f"{display_path(out)}")
     return {"out": display_path(out), **stats}
 
 

@@ -189,7 +189,8 @@ def prepare_run_dir(cfg: SFTConfig) -> Path:
     if run_dir.exists() and any(run_dir.iterdir()):
         if not cfg.overwrite:
             shown = display_path(run_dir)
-            raise UserError(f"run folder {shown} already exists; pass --overwrite or --run-name NEW or --resume {shown}")
+            raise UserError(f"run folder {shown} already exists; pass --overwrite or --run-name NEW or "
+                            f"--resume {shown}")
         remove_tree(run_dir)   # a kill midway leaves the old run whole or gone
     return run_dir             # made once the run has started (a failed start leaves no folder behind)
 
@@ -272,7 +273,8 @@ def run(cfg: SFTConfig) -> dict:
     # while the run folder and they lie inside the working folder, so the run can move with its checkout
     saved = cfg.model_copy(update={"data": config_relative_path(data_dir, run_dir),
                                    "logs_dir": config_relative_path(run_dir.parent, run_dir), "run_name": run_dir.name,
-                                   "start_adapter": config_relative_path(start_adapter, run_dir) if start_adapter else None,
+                                   "start_adapter": (config_relative_path(start_adapter, run_dir)
+                                                     if start_adapter else None),
                                    "resume": None, "overwrite": False})
     if resume is None and main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -337,7 +339,8 @@ def run(cfg: SFTConfig) -> dict:
     metrics.close()
     write_weights_hash(model, world, "sft")
     adapters = lora.save_adapters(run_dir / "adapters", model, adapter_cfg) if main else run_dir / "adapters"
-    result = {"run_dir": display_path(run_dir), "adapters": display_path(adapters), "steps": step, "signal": stop_signal,
+    result = {"run_dir": display_path(run_dir), "adapters": display_path(adapters), "steps": step,
+              "signal": stop_signal,
               "stopped": f"stopped by {stop_signal}" if stop_signal else "finished", "final_loss": last_loss,
               "val_loss": last_val, "peak_memory_gb": round(mx.get_peak_memory() / 1e9, 3)}
     if show:

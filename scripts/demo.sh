@@ -28,10 +28,10 @@ step "synthetic history-seeded SFT data (solver as teacher)"
 $W data --config config/demo/data.json
 
 step "LoRA SFT (short demo run)"
-$W sft --config config/demo/sft.json --overwrite --no-progress
+$W sft --config config/demo/sft.json --overwrite
 
 step "GRPO: full games every step, starting from the SFT adapter"
-$W train --config config/demo/grpo.json --overwrite --no-progress
+$W train --config config/demo/grpo.json --overwrite
 
 step "held-out eval of the GRPO adapter, with the solver and base model beside it"
 $W eval --adapter logs/demo-grpo/adapters --games 8 --max-tokens 16 --out "$OUT/eval.json"

@@ -4,12 +4,19 @@ Every stage has a model with `extra="forbid"`, so a misspelt key is an error, no
 `load_config(path, Model, overrides)` reads the JSON file, applies command-line overrides (dotted keys),
 validates, and turns any problem into a one-line `UserError` naming the file, the field and the value.
 Relative paths inside a config are resolved against the config file's folder (`resolve_path`).
+
+Paths that end up in files or messages are written relative where they can be, so that a run folder, an
+eval JSON or an adapter can be moved or committed with the checkout: `display_path` (relative to the working
+folder, for messages and result records) and `config_relative_path` (relative to the folder of the file that
+stores it, for a config that is read back, e.g. a run folder's config.json, which `--resume` loads with
+`load_config` and so resolves against that folder).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Type, TypeVar
 
@@ -126,6 +133,39 @@ def resolve_path(cfg: BaseModel, value: str | Path) -> Path:
     return p if p.is_absolute() else (config_dir(cfg) / p)
 
 
-def config_hash(cfg: BaseModel) -> str:
-    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def display_path(p: str | Path) -> str:
+    """`p` relative to the working folder when it lies inside it (for messages and result records), else
+    as given. Never raises, e.g. for a folder that does not exist yet."""
+    try:
+        path, cwd = Path(p).expanduser(), Path.cwd()
+        full = (path if path.is_absolute() else cwd / path).resolve()
+        cwd = cwd.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return str(p)
+    return os.path.relpath(full, cwd) if _inside(full, cwd) else str(p)
+
+
+def config_relative_path(p: str | Path, base: str | Path, root: str | Path | None = None) -> str:
+    """How a file in folder `base` stores the path `p` (relative paths are taken against the working folder):
+    relative to `base` when both lie inside `root` (default: the working folder, the checkout a run belongs
+    to), so the two can move together and `load_config` + `resolve_path` find it again; else absolute (a path
+    outside the project is pinned where it is)."""
+    cwd = Path.cwd()
+    full = Path(p).expanduser()
+    full = (full if full.is_absolute() else cwd / full).resolve()
+    base_full = Path(base).expanduser()
+    base_full = (base_full if base_full.is_absolute() else cwd / base_full).resolve()
+    root_full = Path(root).expanduser().resolve() if root is not None else cwd.resolve()
+    if _inside(full, root_full) and _inside(base_full, root_full):
+        return Path(os.path.relpath(full, base_full)).as_posix()
+    return str(full)
+
+
+def config_hash(cfg: BaseModel | dict) -> str:
+    """Ten hex digits of the config (a model, or its JSON dump as a run folder's config.json holds it)."""
+    blob = json.dumps(cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json"), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:10]

@@ -27,7 +27,7 @@ from collections import Counter
 
 from pydantic import Field, field_validator
 
-from ..config import MODEL_SPEC_HELP, StrictModel, resolve_path
+from ..config import MODEL_SPEC_HELP, StrictModel, display_path, resolve_path
 from ..errors import UserError
 from ..game.feedback import feedback
 from ..game.solver import Solver
@@ -180,7 +180,8 @@ def run(cfg: ChoiceConfig) -> dict:
     labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener)
     teacher_memo: dict[tuple, str] = {}
 
-    data, stats = {}, {"model": cfg.model, "adapter": cfg.adapter, "seed": cfg.seed, "prompt": prompt.model_dump(),
+    data, stats = {}, {"model": cfg.model, "adapter": display_path(adapter) if adapter else None, "seed": cfg.seed,
+                       "prompt": prompt.model_dump(),
                        "traffic_cap": cfg.traffic_cap, "retry_fraction": cfg.retry_fraction, "opener": cfg.opener}
     for split, secrets in played_secrets(cfg, splits).items():
         assert not set(secrets) & set(splits["test"]), "choice secrets overlap the test split"
@@ -217,4 +218,4 @@ def run(cfg: ChoiceConfig) -> dict:
             console.print(f"choice {split}: self-play won {s['self_play_wins']}/{s['games']}, "
                           f"{s['distinct_examples']} distinct boards ({s['same_as_teacher']} labelled as the teacher "
                           f"would), {s['records']} records")
-    return {"out": str(out), **stats}
+    return {"out": display_path(out), **stats}

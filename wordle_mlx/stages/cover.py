@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from ..config import StrictModel, read_json_file, resolve_path
+from ..config import StrictModel, display_path, read_json_file, resolve_path
 from ..errors import UserError
 from ..game.coverage import coverage_examples
 from ..game.feedback import feedback
@@ -64,7 +64,8 @@ def read_folder(folder: Path) -> tuple[list[dict], list[dict], dict]:
 
 def run(cfg: CoverConfig) -> dict:
     t0 = time.monotonic()
-    src, out = resolve_path(cfg, cfg.data).resolve(), resolve_path(cfg, cfg.out).resolve()
+    # relative to the working folder when inside it, as messages and stats.json name them
+    src, out = (Path(display_path(resolve_path(cfg, p).resolve())) for p in (cfg.data, cfg.out))
     if src == out:
         raise UserError(f"cover: out {out} is the input folder; write the covered data to a new folder")
     train, valid, stats = read_folder(src)

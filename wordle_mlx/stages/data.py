@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field, model_validator
 
-from ..config import StrictModel, resolve_path
+from ..config import StrictModel, display_path, resolve_path
 from ..errors import UserError
 from ..fileio import write_json_atomic, write_text_atomic
 from ..game.entropy import PatternTable, entropies
@@ -345,8 +345,9 @@ def run(cfg: DataConfig) -> dict:
              **{split: split_stats(records, cfg) for split, records in data.items()}}
     write_json_atomic(out / "stats.json", stats)
     if cfg.progress:
-        console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid SFT records to {out}")
-    return {"out": str(out), **stats}
+        console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid SFT records to "
+                      f"{display_path(out)}")
+    return {"out": display_path(out), **stats}
 
 
 # ----- reading SFT data back (used by `wordle-mlx sft`) -----

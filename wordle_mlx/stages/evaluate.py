@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import Field
 from rich.table import Table
 
-from ..config import MODEL_SPEC_HELP, StrictModel, resolve_path
+from ..config import MODEL_SPEC_HELP, StrictModel, display_path, resolve_path
 from ..errors import UserError
 from ..fileio import write_json_atomic
 from ..game.knowledge import is_consistent
@@ -174,7 +174,8 @@ def run(cfg: EvalConfig) -> dict:
     specs = game_specs(cfg, solver)
 
     summary, boards = play_model(cfg, specs, adapter, allowed, "eval", deadline)
-    result = {"kind": "eval", "model": cfg.model, "adapter": cfg.adapter, "split": cfg.split,
+    result = {"kind": "eval", "model": cfg.model, "adapter": display_path(adapter) if adapter else None,
+              "split": cfg.split,
               "history": cfg.history, "temperature": cfg.rollout.temperature, "seed": cfg.seed,
               "max_tokens_per_turn": cfg.rollout.max_tokens_per_turn, "prompt": cfg.rollout.prompt.model_dump(),
               "constrain": cfg.rollout.constrain, **summary}

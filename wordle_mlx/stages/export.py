@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, Optional
 
-from ..config import StrictModel, read_json_file, resolve_path
+from ..config import StrictModel, display_path, read_json_file, resolve_path
 from ..errors import UserError
 from ..progress import console
 
@@ -202,7 +202,8 @@ def run(cfg: ExportConfig) -> dict:
         raise UserError(f"out: {cfg.out!r} must end in .gguf")
     modelfile = out.with_suffix(".Modelfile")
     if not cfg.overwrite and (out.exists() or modelfile.exists()):
-        raise UserError(f"out: {out if out.exists() else modelfile} already exists; pass --overwrite to replace it")
+        raise UserError(f"out: {display_path(out if out.exists() else modelfile)} already exists; pass --overwrite "
+                        "to replace it")
     adapter_cfg = read_adapter(adapter)
     spec = cfg.model or adapter_cfg.get("base_model") or DEFAULT_MODEL
     recorded = adapter_prompt(adapter)
@@ -223,7 +224,8 @@ def run(cfg: ExportConfig) -> dict:
     extra = {META_PROMPT: json.dumps(prompt.model_dump(), sort_keys=True), META_SYSTEM: system,
              "wordle_mlx.base_model": spec, "wordle_mlx.adapter": adapter.name}
     if not cfg.json_output:
-        console.print(f"exporting {spec} + adapter {adapter} -> {out} ({cfg.gguf_type}, LoRA fused in float32"
+        console.print(f"exporting {spec} + adapter {display_path(adapter)} -> {display_path(out)} ({cfg.gguf_type}, "
+                      "LoRA fused in float32"
                       + (", dequantised from the quantised base" if quantized else "") + ")")
     with atomic_path(out) as tmp:
         counts = write_gguf(tmp, args, sources, vocab, gguf_type=cfg.gguf_type,
@@ -232,13 +234,14 @@ def run(cfg: ExportConfig) -> dict:
         write_text_atomic(modelfile, modelfile_text(out.name, system, describe_state([], style=prompt.style),
                                                     f"{spec} + {adapter.name}"))
     skipped = non_text_tensors(folder)
-    result = {"out": str(out), "modelfile": str(modelfile), "type": cfg.gguf_type, "model": spec,
-              "adapter": str(adapter), "tensors": counts["tensors"], "vocab": counts["vocab"],
+    result = {"out": display_path(out), "modelfile": display_path(modelfile), "type": cfg.gguf_type, "model": spec,
+              "adapter": display_path(adapter), "tensors": counts["tensors"], "vocab": counts["vocab"],
               "tokenizer": vocab.source, "non_text_tensors_left_out": skipped, "dequantized": quantized,
               "prompt": "recorded by the adapter" if recorded else "default (the adapter records none)",
               "size_mb": round(out.stat().st_size / 1e6, 1), "seconds": round(time.perf_counter() - start, 1)}
     if not cfg.json_output:
-        console.print(f"wrote {out} ({result['size_mb']} MB, {result['tensors']} tensors, {result['vocab']} tokens) "
+        console.print(f"wrote {result['out']} ({result['size_mb']} MB, {result['tensors']} tensors, "
+                      f"{result['vocab']} tokens) "
                       f"and {modelfile.name}; text weights only"
                       + (f" ({skipped} vision/projector tensors left out)" if skipped else "")
                       + f"; prompt format {result['prompt']}; tokenizer from {vocab.source}")

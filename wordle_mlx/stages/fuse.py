@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from ..config import StrictModel
+from ..config import StrictModel, display_path
 from ..errors import UserError
 
 
@@ -98,7 +98,7 @@ def run(cfg: FuseConfig) -> dict:
 
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
-        raise UserError(f"--out {out}: already exists; pass --overwrite to replace it")
+        raise UserError(f"--out {display_path(out)}: already exists; pass --overwrite to replace it")
     model, tokenizer = load_model(cfg.model, adapter_path=cfg.adapter, dtype=cfg.dtype)
     tokens = check_batch(tokenizer)
     inputs = mx.array([tokens])
@@ -163,6 +163,6 @@ def run(cfg: FuseConfig) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     output = "dequantized" if quantized and cfg.dequantize else "re-quantized" if quantized else "float"
-    return {"out": str(out), "fused_layers": n_fused, "max_abs_logit_diff": diff, "max_abs_logit": scale,
+    return {"out": display_path(out), "fused_layers": n_fused, "max_abs_logit_diff": diff, "max_abs_logit": scale,
             "tolerance": limit, "within_tolerance": bool(diff <= limit), "weight_perturbation": rho, "dtype": config["torch_dtype"], "output": output,
             "vision": VISION_NOTE if has_vision else "none in the base model"}

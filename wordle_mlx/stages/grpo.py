@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import config_hash, resolve_path
+from ..config import config_hash, config_relative_path, display_path, resolve_path
 from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
 from ..game.rewards import Rewards
@@ -176,16 +176,18 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         run_dir = resolve_path(cfg, cfg.logs_dir).resolve() / name
         if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.json").exists():
             if not cfg.overwrite:
-                raise UserError(f"run folder {run_dir} already exists; pass --overwrite, pick another run_name "
-                                f"or use --resume {run_dir}")
+                raise UserError(f"run folder {display_path(run_dir)} already exists; pass --overwrite, pick another "
+                                f"run_name or use --resume {display_path(run_dir)}")
             remove_tree(run_dir)   # a kill midway leaves the old run whole or gone
     run_dir = Path(world.broadcast_json(str(run_dir) if main else None))
+    # config.json's paths are relative to the run folder (what load_config resolves them against on --resume)
+    # while the run folder and they lie inside the working folder, so the run can move with its checkout
     saved_cfg = cfg.model_dump(mode="json")
     if cfg.model.start_adapter:
-        saved_cfg["model"]["start_adapter"] = str(resolve_path(cfg, cfg.model.start_adapter).resolve())
+        saved_cfg["model"]["start_adapter"] = config_relative_path(resolve_path(cfg, cfg.model.start_adapter), run_dir)
     saved_cfg["resume"] = None
     saved_cfg["overwrite"] = False
-    saved_cfg["logs_dir"] = str(run_dir.parent.resolve())
+    saved_cfg["logs_dir"] = config_relative_path(run_dir.parent, run_dir)
     saved_cfg["run_name"] = run_dir.name
 
     table = load_table(show_progress=show)
@@ -253,7 +255,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     if cfg.resume and main:
         truncate_after_step(run_dir / "metrics.jsonl", step)   # steps logged after the checkpoint are redone
     metrics = MetricsWriter(run_dir / "metrics.jsonl") if main else NullWriter()
-    metrics.write({"kind": "run", "stage": "grpo", "run": run_dir.name, "config_hash": config_hash(cfg),
+    metrics.write({"kind": "run", "stage": "grpo", "run": run_dir.name, "config_hash": config_hash(saved_cfg),
                    "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None,
                    "world_size": world.size})
     stop_reason, last, before_step, done_step = "finished", {}, prompts.state(), step
@@ -298,13 +300,14 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         "games": [g for p in parts for g in p["games"]]}
                 metrics.write(last)
                 done_step = step
+                rate = last["tokens_generated"] / last["rollout_seconds"] if last["rollout_seconds"] > 0 else 0.0
                 advance(1, info=f"win {100 * last['win_rate']:.0f}%  reward {last['reward_mean']:.3f}  "
-                                f"loss {upd.loss:.4f}")
+                                f"loss {upd.loss:.4f}  {rate:.0f} gen tok/s")
                 if st["nonfinite_in_row"] >= t.max_nonfinite_in_a_row:
                     path = checkpoint(step)
                     raise NonFiniteStop(f"stopping at step {step}: the loss or gradient was not finite "
                                         f"{st['nonfinite_in_row']} steps in a row (updates skipped); "
-                                        f"checkpoint saved in {path}")
+                                        f"checkpoint saved in {display_path(path)}")
                 if cfg.game_eval.every and (step % cfg.game_eval.every == 0 or step == t.steps):
                     rec = validate(model, tokenizer, cfg, valid_words, allowed, step, world)
                     free_cache()
@@ -332,7 +335,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     write_weights_hash(model, world, "grpo")
     if main:
         save_adapters(run_dir / "adapters", model, acfg)
-        console.print(f"{stop_reason} at step {step}: adapters in {run_dir / 'adapters'}, checkpoint {path}")
-    return {"run": str(run_dir), "step": step, "stopped": stop_reason, "signal": stop_signal,
-            "adapters": str(run_dir / "adapters"), "checkpoint": str(path),
+        console.print(f"{stop_reason} at step {step}: adapters in {display_path(run_dir / 'adapters')}, "
+                      f"checkpoint {display_path(path)}")
+    return {"run": display_path(run_dir), "step": step, "stopped": stop_reason, "signal": stop_signal,
+            "adapters": display_path(run_dir / "adapters"), "checkpoint": display_path(path),
             "last": {k: v for k, v in last.items() if k != "games"}}

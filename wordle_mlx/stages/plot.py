@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..config import StrictModel, resolve_path
+from ..config import StrictModel, display_path, resolve_path
 from ..errors import UserError
 from ..fileio import atomic_path
 from ..progress import console
@@ -82,7 +82,7 @@ def plot_run(cfg: PlotConfig) -> dict:
     drawn = [(name, chart(log, cfg.window)) for name, chart in RUN_CHARTS]
     if all(fig is None for _, fig in drawn):
         raise UserError(f"{path}: no games, rewards, losses or rates to plot in its step records")
-    files = [str(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
+    files = [display_path(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
     skipped = [name for name, fig in drawn if fig is None]
     if not cfg.json_output:
         if skipped:
@@ -133,11 +133,11 @@ def plot_compare(cfg: PlotConfig) -> dict:
     out = resolve_path(cfg, cfg.out) if cfg.out else paths[0].parent / "plots"
     drawn = [("compare_cumulative_wins.png", compare_cumulative_chart(series)),
              ("compare_win_distribution.png", compare_distribution_chart(series))]
-    files = [str(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
+    files = [display_path(save_png(fig, out / name)) for name, fig in drawn if fig is not None]
     with atomic_path(out / "compare.md") as tmp:
         tmp.write_text(table, encoding="utf-8")
         readable(tmp)
-    files.append(str(out / "compare.md"))
+    files.append(display_path(out / "compare.md"))
     if not cfg.json_output:
         print(table)
         print("\n".join(files))

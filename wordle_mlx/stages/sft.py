@@ -26,7 +26,8 @@ import numpy as np
 from mlx.utils import tree_map
 from pydantic import Field, model_validator
 
-from ..config import MODEL_SPEC_HELP, LoraConfig, StrictModel, config_hash, read_json_file, resolve_path
+from ..config import (MODEL_SPEC_HELP, LoraConfig, StrictModel, config_hash, config_relative_path, display_path,
+                      read_json_file, resolve_path)
 from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
 from ..llm import lora
@@ -187,13 +188,15 @@ def prepare_run_dir(cfg: SFTConfig) -> Path:
     run_dir = resolve_path(cfg, cfg.logs_dir).resolve() / name
     if run_dir.exists() and any(run_dir.iterdir()):
         if not cfg.overwrite:
-            raise UserError(f"run folder {run_dir} already exists; pass --overwrite or --run-name NEW or --resume {run_dir}")
+            shown = display_path(run_dir)
+            raise UserError(f"run folder {shown} already exists; pass --overwrite or --run-name NEW or "
+                            f"--resume {shown}")
         remove_tree(run_dir)   # a kill midway leaves the old run whole or gone
     return run_dir             # made once the run has started (a failed start leaves no folder behind)
 
 
 def load_data(cfg: SFTConfig):
-    folder = resolve_path(cfg, cfg.data).resolve()
+    folder = Path(display_path(resolve_path(cfg, cfg.data).resolve()))   # messages name it as the user would
     train = read_sft_jsonl(folder / "train.jsonl")
     valid = read_sft_jsonl(folder / "valid.jsonl") if cfg.valid_every else []
     stats = folder / "stats.json"
@@ -266,8 +269,12 @@ def run(cfg: SFTConfig) -> dict:
         check_world_size(state, world, f"--resume {resume}")
         step, position = int(state["step"]), int(state["data_position"])
     world.broadcast_training_state(model, optimizer if resume is not None else None)
-    saved = cfg.model_copy(update={"data": str(data_dir), "logs_dir": str(run_dir.parent), "run_name": run_dir.name,
-                                   "start_adapter": str(start_adapter) if start_adapter else None,
+    # config.json's paths are relative to the run folder (what load_config resolves them against on --resume)
+    # while the run folder and they lie inside the working folder, so the run can move with its checkout
+    saved = cfg.model_copy(update={"data": config_relative_path(data_dir, run_dir),
+                                   "logs_dir": config_relative_path(run_dir.parent, run_dir), "run_name": run_dir.name,
+                                   "start_adapter": (config_relative_path(start_adapter, run_dir)
+                                                     if start_adapter else None),
                                    "resume": None, "overwrite": False})
     if resume is None and main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -332,9 +339,10 @@ def run(cfg: SFTConfig) -> dict:
     metrics.close()
     write_weights_hash(model, world, "sft")
     adapters = lora.save_adapters(run_dir / "adapters", model, adapter_cfg) if main else run_dir / "adapters"
-    result = {"run_dir": str(run_dir), "adapters": str(adapters), "steps": step, "signal": stop_signal,
+    result = {"run_dir": display_path(run_dir), "adapters": display_path(adapters), "steps": step,
+              "signal": stop_signal,
               "stopped": f"stopped by {stop_signal}" if stop_signal else "finished", "final_loss": last_loss,
               "val_loss": last_val, "peak_memory_gb": round(mx.get_peak_memory() / 1e9, 3)}
     if show:
-        console.print(f"adapters saved to {adapters}")
+        console.print(f"adapters saved to {display_path(adapters)}")
     return result

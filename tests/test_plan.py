@@ -72,18 +72,18 @@ class ArithmeticTest(unittest.TestCase):
 
     def test_grpo_plan_takes_the_larger_phase(self):
         n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=4,
-                           max_tokens_per_microbatch=1000, max_loss_tokens_per_microbatch=4, rank=2, num_layers=1,
+                           max_tokens_per_microbatch=40, max_loss_tokens_per_microbatch=4, rank=2, num_layers=1,
                            keys=None, optimizer_states=0)
-        # all 2 x 3 rows of 10 tokens in one micro-batch, 4 loss positions
-        update = mp.activation_bytes(SMALL, 6 * 10, 10, False) + mp.logit_bytes(SMALL, 4)
-        self.assertEqual(update, 2 * 60 * 208 * 2 + 4 * 32 * 14)
+        # 40 // 10 = 4 rows of 10 tokens in a micro-batch, 4 loss positions
+        update = mp.activation_bytes(SMALL, 4 * 10, 10, False) + mp.logit_bytes(SMALL, 4)
+        self.assertEqual(update, 2 * 40 * 208 * 2 + 4 * 32 * 14)
         for rows, phase in ((1, "update"), (6, "rollout")):
             with self.subTest(rows=rows):
                 p = mp.grpo_plan(SMALL, mp.GRPONumbers(**{**n.__dict__, "completion_batch_size": rows}))
                 # 16 B of keys and values per token and layer: the 2 prompts' caches and their shared prefix's,
-                # one 256-token step each (the sliding layer keeps its window of 4); the decoding batch's cache
-                # twice, rows x (7 + 256) positions; per row 32 x (3 x 2 + 4) B of sampling logits
-                rollout = 3 * (4 + 256) * 16 + 2 * rows * (4 + 263) * 16 + rows * 32 * (3 * 2 + 4)
+                # one 256-token step each (the sliding layer keeps its window of 4); the decoding batch's cache,
+                # rows x (7 + 256) positions; per row 32 x (3 x 2 + 4) B of sampling logits
+                rollout = 3 * (4 + 256) * 16 + rows * (4 + 263) * 16 + rows * 32 * (3 * 2 + 4)
                 self.assertEqual(p.peak, 2992 + 256 * 4 * 2 + max(rollout, update))
                 self.assertIn(f"{phase} phase", p.notes["phase"])
 
@@ -102,7 +102,7 @@ class ArithmeticTest(unittest.TestCase):
         # prompt caches (4 prompts + the shared prefix, 16 B per token and layer) grow with the boards
         capped = mp.grpo_rollout_bytes(SMALL, mp.GRPONumbers(**{**n.__dict__, "completion_batch_size": 10,
                                                                 "batch_prompts": 4}))
-        self.assertEqual(capped, {"kv_cache": 5 * (4 + 256) * 16 + 2 * 10 * (4 + 90 + 256) * 16,
+        self.assertEqual(capped, {"kv_cache": 5 * (4 + 256) * 16 + 10 * (4 + 90 + 256) * 16,
                                   "logits": mp.decode_logit_bytes(SMALL, 10)})
 
     def test_grpo_shared_prompts_pass_one_group(self):

@@ -12,10 +12,11 @@ allocator (`mx.get_peak_memory()`) during one step:
   per layer, a sliding-window layer never holding more than its window. Each distinct prompt (B, plus the prefix
   all prompts share) is prefilled once into a cache of its own, allocated in steps of 256 tokens. The decoding
   batch copies those into one cache of rows x the prompt's length, which the first decoded token grows by 256
-  (the step) and every further 256 reply tokens by 256 more. When finished rows leave the batch, mlx-lm gathers
-  the rows that stay into new arrays while the old ones are still held by the step in flight, so the batch
-  cache is counted twice (KV_BATCH_COPIES; measured on the 270M with 40 rows: when the first 9 finished, the
-  40 rows' cache and the 31 rows' copy were alive together, the step's peak);
+  (the step) and every further 256 reply tokens by 256 more (KV_BATCH_COPIES = 1 copy of it). Measured on the
+  270M at 40 rows (the shipped adapter's replies, rows leaving the batch in the order they entered it): the
+  peak was that one copy, the prompt caches and the sampling logits. A transient second copy can add to it:
+  with a base model whose rows stopped at scattered steps, mlx-lm's re-gathering of the rows that stay briefly
+  held 31 rows' copy beside the 40 rows' cache (1.7x the batch cache); the plan does not count that case;
 - sampling logits (GRPO rollouts): per decoding row, the vocabulary-wide logits, their log-softmax, the
   previous step's log-softmax kept for the pipelined step and our stacked copy of them in the model dtype, and
   one float32 copy (the sampler's, or the log-probs at the sampling temperature): DECODE_LOGIT_COPIES;
@@ -39,7 +40,7 @@ MAC_SIZES_GB = (8, 16, 24, 32, 36, 48, 64, 96, 128)
 WORKING_SET_FRACTION = 0.75       # macOS lets the GPU wire about this share of unified memory
 KV_STEP = 256                     # mlx-lm's KVCache / RotatingKVCache grow in steps of this many tokens
 LOGIT_COPIES_FLOAT32 = 3          # float32 logits, their softmax / log-softmax, and their gradient
-KV_BATCH_COPIES = 2               # the decoding batch's cache and the copy `filter` makes when rows finish
+KV_BATCH_COPIES = 1               # the decoding batch's cache (see the module docstring for a transient copy)
 DECODE_LOGIT_COPIES = 3           # logits, log-softmax and the pipelined previous step's, in the model dtype,
                                   # our stacked copy being the previous step's; plus one float32 copy (below)
 DEFAULT_LORA_KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -221,7 +222,7 @@ def grpo_rollout_bytes(d: ModelDims, n: GRPONumbers) -> dict[str, int]:
 
 def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
     """Rollout: each prompt's own prefilled cache and the shared prefix's, the decoding batch's cache of
-    min(B x G, completion_batch_size) rows (KV_BATCH_COPIES times, see the module docstring) and one step's
+    min(B x G, completion_batch_size) rows (see the module docstring) and one step's
     sampling logits per row. Update: one micro-batch; with shared prompts (turn mode) a pass is one prompt and
     its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt + reply up to
     max_tokens_per_microbatch."""

@@ -12,6 +12,7 @@ step exactly once; every step's loss and grad norm and the final adapter equal t
 bitwise (CPU, same seed); no traceback. With `--disk-full` (needs root for `mount -t tmpfs`) it also
 fills a small tmpfs during a checkpoint and checks that the previous checkpoint survives and the error
 is one line naming the path. `tests/test_faults.py` runs the same trials, fewer of them.
+Last line: `survived N/M` (trials whose every check passed, of all trials).
 Usage: python benchmarks/fault_injection.py [--kills 20] [--seed 0] [--disk-full] [--keep DIR]
 """
 
@@ -287,6 +288,7 @@ def main() -> int:
         print(f"disk full: {t.how}: {'ok' if t.survived else '; '.join(t.problems)}")
     print(json.dumps(summarise(trials), indent=1))
     print(f"{time.perf_counter() - start:.0f} s")
+    print(f"survived {sum(t.survived for t in trials)}/{len(trials)}")     # trials whose checks all passed
     if tmp is not None:
         tmp.cleanup()
     return 0 if all(t.survived for t in trials) else 1

@@ -8,7 +8,7 @@ its prompt's prefill with the G samples. This script runs `grpo_step.rollout_tur
 same boards and seeds, alternated, and prints the median seconds, the prompt tokens prefilled and the
 ratio. The two-call path is the same code called through a backend that is not a `BatchedGenerator`.
 Last line: `speedup X.XX` (two calls over one batch, median seconds per rollout).
-Usage: python benchmarks/greedy_continuation.py [--boards 8] [--generations 8] [--repeats 3]
+Usage: python benchmarks/greedy_continuation.py [--boards 8] [--generations 8] [--repeats 2]
        [--adapter adapters/gemma-3-270m-wordle] [--model builtin:gemma-3-270m]
 """
 
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--boards", type=int, default=8)
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
 
     model, tokenizer = load_model(args.model, args.adapter or None)

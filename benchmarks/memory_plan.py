@@ -3,7 +3,10 @@
 Makes its own inputs in a temporary folder: a small SFT data set from `wordle-mlx data` (compact prompts,
 letters replies, every board after 3 earlier guesses, so that every batch is about as long as the longest), then runs
 the real stages for one step each on builtin:gemma-3-270m (float32 on CPU): `sft` at batch sizes 4 and 16,
-`train` (GRPO, turn mode, G = 4, fresh LoRA, boards after 4 earlier guesses) at 2 and 8 boards a step. Before each run it frees MLX's cache
+`train` (GRPO, turn mode, G = 4 plus the greedy reply, boards after 4 earlier guesses) at 2 and 8 boards a step,
+starting from the shipped adapter: its replies are well-formed, so rewards differ within a group and the update runs
+(the base model's replies all score alike, every group would be skipped and only the rollout measured; the script
+stops if that happens). Before each run it frees MLX's cache
 and resets the peak counter; after it, `mx.get_peak_memory()` is the measured peak. The estimate is
 `wordle-mlx plan`'s for the same config. Prints one row per run and ends with `max_error X%` (the largest
 |estimate - measured| / measured).
@@ -21,7 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = "builtin:gemma-3-270m"
+ADAPTER = ROOT / "adapters" / "gemma-3-270m-wordle"   # plays well-formed replies, so groups have reward spread
 PROMPT = {"require_think": False, "context": "summary", "style": "compact", "guess_format": "letters"}
 
 
@@ -38,12 +44,12 @@ def sft_config(root: Path, batch: int) -> dict:
 
 
 def grpo_config(root: Path, boards: int) -> dict:
-    return {"model": {"name": MODEL, "dtype": "float32"}, "lora": {"rank": 16, "num_layers": -1},
+    return {"model": {"name": MODEL, "dtype": "float32", "start_adapter": str(ADAPTER)},
             "training": {"steps": 1, "batch_prompts": boards, "learning_rate": 1e-5, "save_every": 0,
                          "max_tokens_per_microbatch": 2048, "max_loss_tokens_per_microbatch": 256},
-            "rl": {"mode": "turn", "num_generations": 4, "max_completion_tokens": 16, "max_turns": 6,
+            "rl": {"mode": "turn", "num_generations": 4, "max_completion_tokens": 16,
                    "completion_batch_size": 64, "prompt": PROMPT},
-            "prompts": {"k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]}, "validation": {"every": 0},
+            "prompts": {"k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]}, "game_eval": {"every": 0},
             "logs_dir": str(root / "logs"), "run_name": f"grpo-b{boards}", "progress": False}
 
 
@@ -70,7 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         data.run(load_config(write(root / "data.json", {
-            "mode": "sft", "out": str(root / "data"), "seed": 0, "train_examples": 64, "valid_examples": 8,
+            "out": str(root / "data"), "seed": 0, "train_examples": 64, "valid_examples": 8,
             "think_style": "none", "candidate_threshold": 100000, "prompt": PROMPT, "progress": False,
             "history": {"k_weights": [0.0, 0.0, 0.0, 1.0]}}), data.DataConfig))
         runs = [("sft", "batch_size", b, write(root / f"sft{b}.json", sft_config(root, b))) for b in (4, 16)]
@@ -82,6 +88,10 @@ def main() -> None:
             else:
                 cfg = load_config(path, GRPOConfig)
                 peak = measured_peak(lambda: grpo.run(cfg))
+                step = [r for r in map(json.loads, (root / "logs" / cfg.run_name / "metrics.jsonl").read_text()
+                                       .splitlines()) if r.get("kind") == "train"][-1]
+                if not step["trained_tokens"]:         # a skipped update would leave the update phase unmeasured
+                    raise SystemExit(f"{cfg.run_name}: every group had equal rewards, the update did not run")
             dims, numbers, _, _ = plan.build_plan(kind, cfg)
             estimate = plan.plan_for(kind, dims, numbers).peak
             rows.append((kind, f"{field} {batch}", estimate, peak))

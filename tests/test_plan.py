@@ -41,6 +41,13 @@ class ArithmeticTest(unittest.TestCase):
         self.assertEqual(SMALL.sliding_layers(), 1)
         self.assertEqual(mp.kv_cache_bytes(SMALL, rows=3, tokens=10), 3 * (4 + 256) * 1 * 4 * 2 * 2)
         self.assertEqual(mp.kv_cache_bytes(SMALL, rows=1, tokens=257), (4 + 512) * 1 * 4 * 2 * 2)
+        self.assertEqual(mp.kv_cache_bytes(SMALL, rows=2, tokens=10, allocated=263), 2 * (4 + 263) * 1 * 4 * 2 * 2)
+
+    def test_batch_cache_width_grows_by_steps_with_the_reply(self):
+        # the prompt's positions, plus 256 at the first decoded token and 256 more after every 256 tokens
+        self.assertEqual(mp.batch_cache_width(7, 3), 7 + 256)
+        self.assertEqual(mp.batch_cache_width(7, 256), 7 + 256)
+        self.assertEqual(mp.batch_cache_width(7, 257), 7 + 512)
 
     def test_activations_and_logits(self):
         # 8 x 8 hidden + 2 x (2 + 2) x 4 qkv + 2 x 4 attention out + 4 x 16 MLP + 2 x 2 heads x 10 scores
@@ -48,7 +55,7 @@ class ArithmeticTest(unittest.TestCase):
         self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=False), 2 * 30 * 208 * 2)
         self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=True), 2 * 30 * 8 * 2 + 30 * 208 * 2)
         self.assertEqual(mp.logit_bytes(SMALL, 5), 5 * 32 * (2 + 4 * 3))
-        self.assertEqual(mp.logit_bytes(SMALL, 5, backward=False), 5 * 32 * (2 + 4))
+        self.assertEqual(mp.decode_logit_bytes(SMALL, 5), 5 * 32 * (3 * 2 + 4))
 
     def test_sft_plan_sums_its_parts(self):
         n = mp.SFTNumbers(batch_size=3, row_length=10, reply_tokens=3, pad_to=8, rank=2, num_layers=1, keys=None,
@@ -65,23 +72,46 @@ class ArithmeticTest(unittest.TestCase):
 
     def test_grpo_plan_takes_the_larger_phase(self):
         n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=4,
-                           max_tokens_per_microbatch=25, max_loss_tokens_per_microbatch=4, rank=2, num_layers=1,
+                           max_tokens_per_microbatch=40, max_loss_tokens_per_microbatch=4, rank=2, num_layers=1,
                            keys=None, optimizer_states=0)
-        update = mp.activation_bytes(SMALL, 2 * 10, 10, False) + mp.logit_bytes(SMALL, 4)   # 25 // 10 = 2 rows
+        # 40 // 10 = 4 rows of 10 tokens in a micro-batch, 4 loss positions
+        update = mp.activation_bytes(SMALL, 4 * 10, 10, False) + mp.logit_bytes(SMALL, 4)
+        self.assertEqual(update, 2 * 40 * 208 * 2 + 4 * 32 * 14)
         for rows, phase in ((1, "update"), (6, "rollout")):
             with self.subTest(rows=rows):
                 p = mp.grpo_plan(SMALL, mp.GRPONumbers(**{**n.__dict__, "completion_batch_size": rows}))
-                # every sampled row's cache and each of the 2 prompts' own
-                rollout = mp.kv_cache_bytes(SMALL, rows + 2, 10) + mp.logit_bytes(SMALL, rows, backward=False)
+                # 16 B of keys and values per token and layer: the 2 prompts' caches and their shared prefix's,
+                # one 256-token step each (the sliding layer keeps its window of 4); the decoding batch's cache,
+                # rows x (7 + 256) positions; per row 32 x (3 x 2 + 4) B of sampling logits
+                rollout = 3 * (4 + 256) * 16 + rows * (4 + 263) * 16 + rows * 32 * (3 * 2 + 4)
                 self.assertEqual(p.peak, 2992 + 256 * 4 * 2 + max(rollout, update))
                 self.assertIn(f"{phase} phase", p.notes["phase"])
 
+    def test_grpo_rollout_grows_with_boards_generations_and_lengths(self):
+        n = mp.GRPONumbers(batch_prompts=2, generations=5, prompt_tokens=90, reply_tokens=16, completion_batch_size=64,
+                           max_tokens_per_microbatch=2048, max_loss_tokens_per_microbatch=256, rank=16,
+                           num_layers=-1, keys=None, optimizer_states=0, share_prompts=True)
+
+        def rollout(**changes) -> int:
+            return sum(mp.grpo_rollout_bytes(SMALL, mp.GRPONumbers(**{**n.__dict__, **changes})).values())
+
+        for changes in ({"batch_prompts": 8}, {"generations": 9}, {"reply_tokens": 300}, {"prompt_tokens": 200}):
+            with self.subTest(**changes):
+                self.assertGreater(rollout(**changes), rollout())
+        # rows beyond completion_batch_size wait their turn: 4 x 5 boards' rows decode 10 at a time, and only the
+        # prompt caches (4 prompts + the shared prefix, 16 B per token and layer) grow with the boards
+        capped = mp.grpo_rollout_bytes(SMALL, mp.GRPONumbers(**{**n.__dict__, "completion_batch_size": 10,
+                                                                "batch_prompts": 4}))
+        self.assertEqual(capped, {"kv_cache": 5 * (4 + 256) * 16 + 10 * (4 + 90 + 256) * 16,
+                                  "logits": mp.decode_logit_bytes(SMALL, 10)})
+
     def test_grpo_shared_prompts_pass_one_group(self):
-        n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=1,
+        n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=300, reply_tokens=3, completion_batch_size=1,
                            max_tokens_per_microbatch=25, max_loss_tokens_per_microbatch=100, rank=2, num_layers=1,
                            keys=None, optimizer_states=0, share_prompts=True)
-        p = mp.grpo_plan(SMALL, n)      # one prompt of 7 tokens and its 3 replies of 3: 16 tokens, 9 positions
-        self.assertEqual(p.items["activations"], mp.activation_bytes(SMALL, 7 + 9, 10, False))
+        p = mp.grpo_plan(SMALL, n)      # one prompt of 300 tokens and its 3 replies of 3: 309 tokens, 9 positions
+        self.assertIn("update phase", p.notes["phase"])
+        self.assertEqual(p.items["activations"], mp.activation_bytes(SMALL, 300 + 9, 303, False))
         self.assertEqual(p.items["logits"], mp.logit_bytes(SMALL, 9))
 
     def test_fitting_sizes_and_largest_batch(self):

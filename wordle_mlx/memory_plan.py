@@ -8,15 +8,26 @@ allocator (`mx.get_peak_memory()`) during one step:
   group of `group_size` (mlx-lm's affine quantization; norms stay in the float dtype). mlx-lm drops the
   vision tower of Gemma 3's multimodal checkpoints when it loads them, so it costs nothing here;
 - LoRA: rank x (in + out) per adapted linear, float32, times (weights + gradients + optimizer states);
-- KV cache (GRPO rollouts): rows x allocated tokens x KV heads x head size x 2 (keys, values) x bytes per
-  layer; mlx-lm allocates caches in steps of 256 tokens and a sliding-window layer never holds more than its
-  window;
+- KV cache (GRPO rollouts, mlx-lm's `BatchGenerator`): tokens x KV heads x head size x 2 (keys, values) x bytes
+  per layer, a sliding-window layer never holding more than its window. Each distinct prompt (B, plus the prefix
+  all prompts share) is prefilled once into a cache of its own, allocated in steps of 256 tokens. The decoding
+  batch copies those into one cache of rows x the prompt's length, which the first decoded token grows by 256
+  (the step) and every further 256 reply tokens by 256 more (KV_BATCH_COPIES = 1 copy of it). Measured on the
+  270M at 40 rows (the shipped adapter's replies, rows leaving the batch in the order they entered it): the
+  peak was that one copy, the prompt caches and the sampling logits. A transient second copy can add to it:
+  with a base model whose rows stopped at scattered steps, mlx-lm's re-gathering of the rows that stay briefly
+  held 31 rows' copy beside the 40 rows' cache (1.7x the batch cache); the plan does not count that case;
+- sampling logits (GRPO rollouts): per decoding row, DECODE_LOGIT_COPIES vocabulary-wide arrays in the model
+  dtype (this step's logits and log-softmax, and the previous step's log-softmax, which mlx-lm's pipelined
+  decoding keeps while the next step runs) plus one in float32 (our stacked log-probs or the sampler's copy);
+  measured on the 270M in float32: about 3.6 MB per row, against 4 x 1 MB counted;
 - activations: what the backward pass keeps per token and layer (ACTIVATION_VALUES_PER_TOKEN below), all
   layers without gradient checkpointing, with it the layer inputs plus one layer recomputed;
 - logits: the loss positions of a micro-batch x vocabulary, in the model dtype then float32 with its
   gradient and softmax (LOGIT_COPIES).
-GRPO's peak is the larger of its rollout phase (KV cache and sampling logits) and its update phase
-(activations and loss logits); both hold the weights and the LoRA state. The constants are structural
+GRPO's peak is the larger of its rollout phase (prompt caches, the batch's KV cache and sampling logits, all
+growing with the decoded rows B x G, and with the prompt and reply lengths) and its update phase (activations and
+loss logits of one micro-batch); both hold the weights and the LoRA state. The constants are structural
 counts of the arrays kept alive, checked against measured peaks by `benchmarks/memory_plan.py`.
 """
 
@@ -30,6 +41,8 @@ MAC_SIZES_GB = (8, 16, 24, 32, 36, 48, 64, 96, 128)
 WORKING_SET_FRACTION = 0.75       # macOS lets the GPU wire about this share of unified memory
 KV_STEP = 256                     # mlx-lm's KVCache / RotatingKVCache grow in steps of this many tokens
 LOGIT_COPIES_FLOAT32 = 3          # float32 logits, their softmax / log-softmax, and their gradient
+KV_BATCH_COPIES = 1               # the decoding batch's cache (see the module docstring for a transient copy)
+DECODE_LOGIT_COPIES = 3           # per decoding row: logits, log-softmax, the previous step's (model dtype)
 DEFAULT_LORA_KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -99,11 +112,25 @@ def lora_bytes(params: int, optimizer_states: int, gradients: int = 1) -> int:
     return params * 4 * (1 + gradients + optimizer_states)
 
 
-def kv_cache_bytes(d: ModelDims, rows: int, tokens: int) -> int:
-    allocated = math.ceil(tokens / KV_STEP) * KV_STEP
+def kv_cache_bytes(d: ModelDims, rows: int, tokens: int, allocated: int | None = None) -> int:
+    """Keys and values of `rows` sequences of `tokens` tokens, in caches of `allocated` positions (default:
+    `tokens` rounded up to KV_STEP, as a single sequence's cache grows); sliding layers hold at most the window."""
+    allocated = math.ceil(tokens / KV_STEP) * KV_STEP if allocated is None else allocated
     sliding = d.sliding_layers()
     per_layer_tokens = sliding * min(allocated, d.sliding_window) + (d.layers - sliding) * allocated
     return rows * per_layer_tokens * d.kv_heads * d.head_dim * 2 * d.value_bytes
+
+
+def batch_cache_width(prompt_tokens: int, reply_tokens: int) -> int:
+    """Positions per row of the decoding batch's cache: the prompt, grown by KV_STEP at the first decoded token
+    and every KV_STEP tokens after."""
+    return prompt_tokens + KV_STEP * math.ceil(max(reply_tokens, 1) / KV_STEP)
+
+
+def decode_logit_bytes(d: ModelDims, rows: int) -> int:
+    """Vocabulary-wide arrays alive per decoding step of `rows` rows: DECODE_LOGIT_COPIES in the model dtype and
+    one in float32."""
+    return rows * d.vocab * (DECODE_LOGIT_COPIES * d.value_bytes + 4)
 
 
 def activation_values_per_token(d: ModelDims, row_length: int) -> int:
@@ -123,9 +150,9 @@ def activation_bytes(d: ModelDims, tokens: int, row_length: int, grad_checkpoint
     return d.layers * tokens * d.hidden * d.value_bytes + one_block
 
 
-def logit_bytes(d: ModelDims, positions: int, backward: bool = True) -> int:
-    copies = LOGIT_COPIES_FLOAT32 if backward else 1
-    return positions * d.vocab * (d.value_bytes + 4 * copies)
+def logit_bytes(d: ModelDims, positions: int) -> int:
+    """Loss logits of `positions` positions for the backward pass."""
+    return positions * d.vocab * (d.value_bytes + 4 * LOGIT_COPIES_FLOAT32)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -185,11 +212,21 @@ class GRPONumbers:
     share_prompts: bool = False      # turn mode: a group's replies go through one pass after their one prompt
 
 
+def grpo_rollout_bytes(d: ModelDims, n: GRPONumbers) -> dict[str, int]:
+    """The rollout phase's arrays beside the weights and LoRA: {"kv_cache": ..., "logits": ...}."""
+    rows = min(n.batch_prompts * n.generations, n.completion_batch_size)
+    width = batch_cache_width(n.prompt_tokens, n.reply_tokens)
+    prompt_caches = kv_cache_bytes(d, n.batch_prompts + 1, n.prompt_tokens)
+    batch_cache = KV_BATCH_COPIES * kv_cache_bytes(d, rows, width, allocated=width)
+    return {"kv_cache": prompt_caches + batch_cache, "logits": decode_logit_bytes(d, rows)}
+
+
 def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
-    """Rollout: every sampled row's KV cache plus each prompt's own prefilled cache (mlx-lm copies them into
-    the batch), and one step's sampling logits. Update: one micro-batch; with shared prompts (turn mode) a
-    pass is one prompt and its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt +
-    reply up to max_tokens_per_microbatch."""
+    """Rollout: each prompt's own prefilled cache and the shared prefix's, the decoding batch's cache of
+    min(B x G, completion_batch_size) rows (see the module docstring) and one step's
+    sampling logits per row. Update: one micro-batch; with shared prompts (turn mode) a pass is one prompt and
+    its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt + reply up to
+    max_tokens_per_microbatch."""
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
     rows = min(n.batch_prompts * n.generations, n.completion_batch_size)
     length = n.prompt_tokens + n.reply_tokens
@@ -200,21 +237,27 @@ def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
         micro_rows = max(1, min(n.batch_prompts * n.generations * length, n.max_tokens_per_microbatch) // length)
         positions = min(n.max_loss_tokens_per_microbatch, micro_rows * n.reply_tokens)
         tokens, shape = micro_rows * length, f"{micro_rows} x {length}"
-    cache = kv_cache_bytes(d, rows + n.batch_prompts, length)
-    rollout = {"kv_cache": cache, "logits": logit_bytes(d, rows, backward=False)}
+    width = batch_cache_width(n.prompt_tokens, n.reply_tokens)
+    rollout = grpo_rollout_bytes(d, n)
     update = {"activations": activation_bytes(d, tokens, length, n.grad_checkpoint), "logits": logit_bytes(d, positions)}
     phase = "rollout" if sum(rollout.values()) >= sum(update.values()) else "update"
     items = {"weights": weight_bytes(d), "lora": lora_bytes(lora, n.optimizer_states),
              **(rollout if phase == "rollout" else update)}
-    allocated = math.ceil(length / KV_STEP) * KV_STEP
+    allocated = math.ceil(n.prompt_tokens / KV_STEP) * KV_STEP
+    sliding, full = d.sliding_layers(), d.layers - d.sliding_layers()
+
+    def layer_tokens(held: int) -> str:
+        return f"({sliding} sliding layers x {min(held, d.sliding_window)} + {full} global x {held})"
+
     notes = {
         "weights": weight_note(d),
         "lora": f"{lora:,} params x 4 B x (1 + 1 grad + {n.optimizer_states} optimizer states)",
-        "kv_cache": (f"({rows} rows + {n.batch_prompts} prompts) x ({d.sliding_layers()} sliding layers x "
-                     f"min({allocated}, {d.sliding_window}) + {d.layers - d.sliding_layers()} global x {allocated}) "
-                     f"tokens x {d.kv_heads} KV heads x {d.head_dim} x 2 x {d.value_bytes} B"),
+        "kv_cache": (f"[{n.batch_prompts + 1} prompt caches x {layer_tokens(allocated)} + {KV_BATCH_COPIES} x "
+                     f"{rows} rows x {layer_tokens(width)}] tokens x {d.kv_heads} KV heads x {d.head_dim} x 2 x "
+                     f"{d.value_bytes} B"),
         "activations": activation_note(d, tokens, length, n.grad_checkpoint, shape),
-        "logits": (f"{rows} sampling rows x {d.vocab:,} x ({d.value_bytes} + 4) B" if phase == "rollout" else
+        "logits": (f"{rows} sampling rows x {d.vocab:,} x ({DECODE_LOGIT_COPIES} x {d.value_bytes} + 4) B"
+                   if phase == "rollout" else
                    f"{positions} loss positions x {d.vocab:,} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B"),
         "phase": (f"peak in the {phase} phase (rollout {gb(sum(rollout.values())):.2f} GB of KV cache + sampling "
                   f"logits, update {gb(sum(update.values())):.2f} GB of activations + loss logits)"),

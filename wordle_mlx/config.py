@@ -133,6 +133,12 @@ def resolve_path(cfg: BaseModel, value: str | Path) -> Path:
     return p if p.is_absolute() else (config_dir(cfg) / p)
 
 
+def _absolute(p: str | Path) -> Path:
+    """`p` made absolute against the working folder, `~` expanded, symlinks resolved."""
+    path = Path(p).expanduser()
+    return (path if path.is_absolute() else Path.cwd() / path).resolve()
+
+
 def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
@@ -141,9 +147,7 @@ def display_path(p: str | Path) -> str:
     """`p` relative to the working folder when it lies inside it (for messages and result records), else
     as given. Never raises, e.g. for a folder that does not exist yet."""
     try:
-        path, cwd = Path(p).expanduser(), Path.cwd()
-        full = (path if path.is_absolute() else cwd / path).resolve()
-        cwd = cwd.resolve()
+        full, cwd = _absolute(p), Path.cwd().resolve()
     except (OSError, RuntimeError, ValueError):
         return str(p)
     return os.path.relpath(full, cwd) if _inside(full, cwd) else str(p)
@@ -154,12 +158,8 @@ def config_relative_path(p: str | Path, base: str | Path, root: str | Path | Non
     relative to `base` when both lie inside `root` (default: the working folder, the checkout a run belongs
     to), so the two can move together and `load_config` + `resolve_path` find it again; else absolute (a path
     outside the project is pinned where it is)."""
-    cwd = Path.cwd()
-    full = Path(p).expanduser()
-    full = (full if full.is_absolute() else cwd / full).resolve()
-    base_full = Path(base).expanduser()
-    base_full = (base_full if base_full.is_absolute() else cwd / base_full).resolve()
-    root_full = Path(root).expanduser().resolve() if root is not None else cwd.resolve()
+    full, base_full = _absolute(p), _absolute(base)
+    root_full = _absolute(root if root is not None else Path.cwd())
     if _inside(full, root_full) and _inside(base_full, root_full):
         return Path(os.path.relpath(full, base_full)).as_posix()
     return str(full)

@@ -20,7 +20,7 @@ TOP_KEYS = {"kind", "model", "adapter", "split", "history", "temperature", "seed
 
 def eval_cfg(**overrides):
     base = {"model": "builtin:tiny-random", "games": 3, "rollout.max_tokens_per_turn": 8,
-            "rollout.max_invalid_replies": 2, "progress": False, "json_output": True}
+            "rollout.max_invalid_replies": 2, "rollout.decode": "free", "progress": False, "json_output": True}
     base.update(overrides)
     return load_config(None, evaluate.EvalConfig, base)
 

@@ -54,7 +54,7 @@ def stage_config(logs: str, **training) -> stage.GRPOConfig:
             "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": 3, "batch_prompts": 2, "learning_rate": 1e-3, "save_every": 0, "seed": 3,
                          **training},
             "rl": {"mode": "episode", "num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 2,
-                   "prompt": {"require_think": False}},
+                   "prompt": {"require_think": False}, "decode": "free"},
             # a small length penalty makes rewards differ within groups even for a random model
             "reward": {"length": 0.02, "early": 1.2},
             "game_eval": {"every": 0}, "logs_dir": logs, "run_name": "run", "progress": False}

@@ -179,7 +179,7 @@ class TestStopping(unittest.TestCase):
 
     def test_rambling_model_is_a_format_failure(self):
         model, tok = tiny()
-        cfg = RolloutConfig(max_tokens_per_turn=10, max_invalid_replies=2)
+        cfg = RolloutConfig(max_tokens_per_turn=10, max_invalid_replies=2, decode="free")
         ep = play_games(model, tok, [GameSpec("crane")], cfg, ALLOWED)[0]
         self.assertEqual(len(ep.turns), 2)
         for turn in ep.turns:
@@ -210,7 +210,7 @@ class TestTinyModelRollouts(unittest.TestCase):
 
     def test_batched_equals_unbatched_at_temperature_0(self):
         model, tok = tiny()
-        cfg = RolloutConfig(max_tokens_per_turn=12, max_invalid_replies=3)
+        cfg = RolloutConfig(max_tokens_per_turn=12, max_invalid_replies=3, decode="free")
         batched = play_games(model, tok, self.GAMES, cfg, ALLOWED)
         single = [play_games(model, tok, [g], cfg.model_copy(update={"reuse_prefix": False}), ALLOWED)[0]
                   for g in self.GAMES]
@@ -228,7 +228,7 @@ class TestTinyModelRollouts(unittest.TestCase):
     def test_token_sequences_and_logprobs_match_a_recomputation(self):
         model, tok = tiny()
         for temperature in (0.0, 0.7):
-            cfg = RolloutConfig(max_tokens_per_turn=9, max_invalid_replies=2, temperature=temperature, seed=5)
+            cfg = RolloutConfig(max_tokens_per_turn=9, max_invalid_replies=2, temperature=temperature, seed=5, decode="free")
             eps = play_games(model, tok, self.GAMES[:3], cfg, ALLOWED)
             temp = policy_logprob_temperature(cfg)
             self.assertEqual(temp, temperature or 1.0)
@@ -251,7 +251,7 @@ class TestTinyModelRollouts(unittest.TestCase):
 
     def test_sample_replies_groups(self):
         model, tok = tiny()
-        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=1.0, seed=1)
+        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=1.0, seed=1, decode="free")
         from wordle_mlx.game.state import GameState
         prompts = [prompt_token_ids(tok, cfg, GameState("crane")), prompt_token_ids(tok, cfg, GameState("crane", ["slate"]))]
         groups = sample_replies(model, tok, prompts, 4, cfg)
@@ -270,7 +270,7 @@ class TestTinyModelRollouts(unittest.TestCase):
         from wordle_mlx.game.state import GameState
         from wordle_mlx.llm.rollout import sample_replies_and_greedy
         model, tok = tiny()
-        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.7, seed=1)
+        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.7, seed=1, decode="free")
         greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
         prompts = [prompt_token_ids(tok, cfg, GameState("crane")), prompt_token_ids(tok, cfg, GameState("crane", ["slate"]))]
         one_batch = BatchedGenerator(model, tok)
@@ -299,7 +299,7 @@ class TestTinyModelRollouts(unittest.TestCase):
         from wordle_mlx.game.state import GameState
         from wordle_mlx.llm.rollout import sample_replies_and_greedy
         model, tok = tiny()
-        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.5, seed=1)
+        cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.5, seed=1, decode="free")
         prompts = [prompt_token_ids(tok, cfg, GameState("crane")),
                    prompt_token_ids(tok, cfg, GameState("crane", ["slate"]))]
         _, at_one = sample_replies_and_greedy(model, tok, prompts, 3, cfg, BatchedGenerator(model, tok))
@@ -320,7 +320,7 @@ class TestTinyModelRollouts(unittest.TestCase):
 class TestGemma270M(unittest.TestCase):
     def test_two_games_structure(self):
         model, tok = load_model("builtin:gemma-3-270m")
-        cfg = RolloutConfig(max_tokens_per_turn=48, max_invalid_replies=2, max_turns=3)
+        cfg = RolloutConfig(max_tokens_per_turn=48, max_invalid_replies=2, max_turns=3, decode="free")
         eps = play_games(model, tok, [GameSpec("crane"), GameSpec("pious", ["slate"])], cfg, ALLOWED)
         self.assertEqual([ep.secret for ep in eps], ["crane", "pious"])
         bos = tok.bos_token_id

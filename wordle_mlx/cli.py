@@ -114,6 +114,7 @@ def plot(ctx: typer.Context,
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model spec: builtin:gemma-3-270m, builtin:tiny-random, HF id or folder.")]
 AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder to load (its recorded prompt and reply format apply) (default: none, the base model).")]
+DecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply (default: what the reply format needs: 16 without a think block, 256 with one).")]
 
 
@@ -129,7 +130,7 @@ def eval_command(config: ConfigOpt = None,
                  max_tokens: MaxTokensOpt = None,
                  out: Annotated[Optional[Path], typer.Option("--out", help="Write the eval JSON here (default: print only).")] = None,
                  no_baselines: Annotated[bool, typer.Option("--no-baselines", help="Skip solver/base-model baselines.")] = False,
-                 constrain: Annotated[bool, typer.Option("--constrain", help="Letters format: replies can only spell allowed words.")] = False,
+                 decode: DecodeOpt = None,
                  timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds for the whole eval (default: no limit).")] = None,
                  no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
                  json_output: JsonFlag = False) -> None:
@@ -140,7 +141,7 @@ def eval_command(config: ConfigOpt = None,
         "model": model, "adapter": str(Path(adapter).resolve()) if adapter else None, "games": games,
         "split": split, "history": history, "seed": seed,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
-        "rollout.constrain": True if constrain else None,
+        "rollout.decode": decode,
         "out": str(out.resolve()) if out else None, "baselines": False if no_baselines else None,
         "timeout": timeout, "progress": False if no_progress else None, "json_output": json_output})
     emit(stage.run(cfg), json_output)
@@ -153,14 +154,14 @@ def play(model: ModelOpt = "builtin:gemma-3-270m", adapter: AdapterOpt = None,
          human: Annotated[bool, typer.Option("--human", help="You play; type ? for model and solver hints.")] = False,
          temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature; 0 = greedy.")] = 0.0,
          max_tokens: MaxTokensOpt = None,
-         constrain: Annotated[bool, typer.Option("--constrain", help="Letters format: replies can only spell allowed words.")] = False,
+         decode: DecodeOpt = None,
          json_output: JsonFlag = False) -> None:
     """Watch a model play one game (reasoning and tiles), or play yourself with --human."""
     from .stages import play as stage
     cfg = load_config(None, stage.PlayConfig, {
         "model": model, "adapter": adapter, "secret": secret, "seed": seed, "human": human,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
-        "rollout.constrain": constrain})
+        "rollout.decode": decode})
     emit(stage.run(cfg), json_output)
 
 
@@ -177,8 +178,8 @@ SFT_ADAPTER = Path("logs/sft/adapters")      # where `wordle-mlx sft` with no co
 def train(config: ConfigOpt = None,
           resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
           steps: Steps = None, run_name: RunName = None, start_adapter: StartAdapter = None,
-          model: TrainModel = None, overwrite: Overwrite = False, no_progress: NoProgress = False,
-          json_output: JsonFlag = False) -> None:
+          model: TrainModel = None, decode: DecodeOpt = None, overwrite: Overwrite = False,
+          no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
     """GRPO: play games every step and update a LoRA adapter (metrics, checkpoints, adapters in logs/<run>).
 
     With no --config, the defaults are the 270M recipe's last GRPO stage, starting from logs/sft/adapters (what
@@ -191,7 +192,7 @@ def train(config: ConfigOpt = None,
                             "--start-adapter DIR or --config FILE)")
         start_adapter = SFT_ADAPTER
     cfg = load_config(source, stage.GRPOConfig, {
-        "training.steps": steps, "run_name": run_name, "model.name": model,
+        "training.steps": steps, "run_name": run_name, "model.name": model, "rl.decode": decode,
         "model.start_adapter": str(start_adapter.resolve()) if start_adapter else None,
         "resume": str(resume) if resume else None, "overwrite": overwrite or None,
         "progress": False if no_progress else None})

@@ -5,7 +5,7 @@ ids with their log-probabilities under the sampling policy, the decoded text, th
 reply error, and the feedback when the guess was played. `Episode.token_sequences()` turns a game into
 training sequences: one per turn, prompt tokens with mask 0 followed by completion tokens with mask 1,
 with the rollout logprobs aligned to the completion tokens. Everything the environment or the prompt
-contributes is masked; only model tokens carry loss. This module does not import mlx.
+contributes is masked, and so is every token grammar decoding forced; only the model's choices carry loss. This module does not import mlx.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Turn:
     repeated: bool = False             # the guess was already on the board
     consistent: bool | None = None     # played guess consistent with all earlier feedback
     finish_reason: str = "stop"        # "stop" (end token / closing tag) or "length" (hit max tokens)
+    choice: list[int] | None = None    # grammar decoding: 1 for decoded tokens, 0 for forced ones (None: all decoded)
 
 
 @dataclass
@@ -35,6 +36,21 @@ class TokenSequence:
     mask: list[int]                    # 1 for model tokens (loss), 0 for prompt/environment tokens
     logprobs: list[float]              # rollout logprobs aligned with `tokens` (0.0 where mask is 0)
     turn_index: int = 0
+
+
+def reply_sequence(prompt: list[int], tokens: list[int], logprobs: list[float], choice: list[int] | None = None,
+                   turn_index: int = 0) -> TokenSequence:
+    """The training sequence of one reply: the prompt (mask 0), then the reply's tokens with mask 1 where the
+    model chose them. A forced token (grammar decoding) has mask 0; forced tokens after the last choice are
+    left out, since nothing trained comes after them."""
+    if len(logprobs) != len(tokens):
+        raise ValueError(f"{len(logprobs)} logprobs for {len(tokens)} tokens")
+    mask = [1] * len(tokens) if choice is None else list(choice)
+    if len(mask) != len(tokens):
+        raise ValueError(f"{len(mask)} choice flags for {len(tokens)} tokens")
+    end = max((i + 1 for i, m in enumerate(mask) if m), default=0) if choice is not None else len(tokens)
+    return TokenSequence(list(prompt) + list(tokens[:end]), [0] * len(prompt) + mask[:end],
+                         [0.0] * len(prompt) + list(logprobs[:end]), turn_index)
 
 
 @dataclass
@@ -67,13 +83,8 @@ class Episode:
     def token_sequences(self) -> list[TokenSequence]:
         out = []
         for i, turn in enumerate(self.turns):
-            n_prompt, n_comp = len(turn.prompt_tokens), len(turn.completion_tokens)
-            if len(turn.logprobs) != n_comp:
-                raise ValueError(f"turn {i} of {self.secret!r}: {len(turn.logprobs)} logprobs for {n_comp} tokens")
-            out.append(TokenSequence(
-                tokens=list(turn.prompt_tokens) + list(turn.completion_tokens),
-                mask=[0] * n_prompt + [1] * n_comp,
-                logprobs=[0.0] * n_prompt + list(turn.logprobs),
-                turn_index=i,
-            ))
+            try:
+                out.append(reply_sequence(turn.prompt_tokens, turn.completion_tokens, turn.logprobs, turn.choice, i))
+            except ValueError as exc:
+                raise ValueError(f"turn {i} of {self.secret!r}: {exc}") from None
         return out

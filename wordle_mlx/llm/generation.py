@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
+import numpy as np
 from pydantic import Field
 
 from ..config import StrictModel
@@ -49,9 +50,10 @@ class SamplingConfig(StrictModel):
 @dataclass
 class Completion:
     tokens: list[int]            # sampled token ids, the end token included when the sequence ended on one
-    logprobs: list[float]        # one per token, see policy_logprob_temperature
+    logprobs: list[float]        # one per token, see policy_logprob_temperature (0 for a forced token)
     text: str                    # decoded tokens, end tokens left out
     finish_reason: str           # "stop" (end token or stop text) or "length"
+    choice: list[int] | None = None   # grammar decoding: 1 where a token was decoded, 0 where it was forced
 
 
 GenerateFn = Callable[[Sequence[Sequence[int]], SamplingConfig], list[Completion]]
@@ -116,6 +118,12 @@ def end_token_ids(tokenizer) -> set[int]:
     return ids
 
 
+def reply_end_id(tokenizer, end_ids: set[int]) -> int:
+    """The token that ends a reply: `<end_of_turn>` when the vocabulary has it, else the smallest EOS id."""
+    turn = tokenizer.get_vocab().get("<end_of_turn>")
+    return int(turn) if turn is not None else min(end_ids)
+
+
 def common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
     first = seqs[0]
     n = min(len(s) for s in seqs)
@@ -129,7 +137,8 @@ def common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
 class BatchedGenerator:
     """The MLX generation backend: `__call__(prompts, cfg) -> list[Completion]` (see module docstring)."""
 
-    def __init__(self, model, tokenizer, stop_texts: Sequence[str] = STOP_TEXTS, constraint_words=None):
+    def __init__(self, model, tokenizer, stop_texts: Sequence[str] = STOP_TEXTS, mode: str = "free",
+                 words: Collection[str] | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.stop_texts = tuple(s.lower() for s in stop_texts)
@@ -137,11 +146,15 @@ class BatchedGenerator:
         self._last_chars = {s[-1] for s in self.stop_texts}
         self._piece_has_last: dict[int, bool] = {}
         self.prefilled_tokens = 0      # prompt tokens actually run through the model (for benchmarks)
-        self.constraint = None         # (letters template, prefix trie): replies spell only these words
-        if constraint_words is not None:
-            from .word_constraint import LettersTemplate, prefix_trie
-            end = min(self.end_ids & {tokenizer.get_vocab().get("<end_of_turn>", -1)} or self.end_ids)
-            self.constraint = (LettersTemplate(tokenizer, end), prefix_trie(constraint_words))
+        self.mode = mode               # reply_grammar.DECODE_MODES
+        self.grammar = self.trie = None
+        if mode != "free":
+            from .reply_grammar import LetterGrammar, prefix_trie
+            self.grammar = LetterGrammar(tokenizer, reply_end_id(tokenizer, self.end_ids))
+            if mode == "words":
+                if words is None:
+                    raise ValueError("words decoding needs the allowed words")
+                self.trie = prefix_trie(words)
 
     # -- KV reuse -------------------------------------------------------------------------------------
     def _prefill(self, tokens: Sequence[int], cache, step: int) -> None:
@@ -209,7 +222,7 @@ class BatchedGenerator:
         greedily instead (in the same batch, so a prompt repeated for G samples and one greedy reply is
         prefilled once; its log-probs then follow the greedy convention, T = 1, or with
         `greedy_logprobs_at_temperature` the sampling temperature's, so the reply can be trained on beside
-        the samples)."""
+        the samples). In grammar and words modes only the reply's letters are decoded (letter_decoder.py)."""
         import mlx.core as mx
         from mlx_lm.generate import BatchGenerator
 
@@ -221,6 +234,8 @@ class BatchedGenerator:
         if greedy is not None and len(greedy) != len(prompts):
             raise ValueError(f"greedy has {len(greedy)} flags for {len(prompts)} prompts")
         self.model.eval()
+        if self.grammar is not None:
+            return self._letters(prompts, cfg, greedy, greedy_logprobs_at_temperature)
         sampler = make_sampler_for(cfg)
         temperature = policy_logprob_temperature(cfg)
         samplers = None
@@ -238,11 +253,7 @@ class BatchedGenerator:
                              completion_batch_size=cfg.completion_batch_size,
                              prefill_batch_size=cfg.prefill_batch_size, prefill_step_size=cfg.prefill_step_size)
         try:
-            processors = None
-            if self.constraint is not None:
-                from .word_constraint import AllowedWordsConstraint
-                processors = [[AllowedWordsConstraint(*self.constraint, len(inp))] for inp in inputs]
-            uids = gen.insert(inputs, caches=caches, samplers=samplers, logits_processors=processors)
+            uids = gen.insert(inputs, caches=caches, samplers=samplers)
             index = {uid: i for i, uid in enumerate(uids)}
             tokens: list[list[int]] = [[] for _ in prompts]
             logprobs: list[list[float]] = [[] for _ in prompts]
@@ -274,3 +285,49 @@ class BatchedGenerator:
         finally:
             gen.close()
         return [Completion(t, lp, self._text(t), f or "length") for t, lp, f in zip(tokens, logprobs, finish)]
+
+    # -- grammar and words decoding -------------------------------------------------------------------
+    def _letters(self, prompts: list[list[int]], cfg: SamplingConfig, greedy: Sequence[bool] | None,
+                 greedy_logprobs_at_temperature: bool) -> list[Completion]:
+        """Replies whose tags are forced and whose 5 letters are picked over the 26 letter tokens: greedily
+        (argmax, no softmax over anything but the letters) or sampled from softmax(logits / T) over the allowed
+        letters; in words mode letters that continue no allowed word are never allowed."""
+        import mlx.core as mx
+
+        from .letter_decoder import decode_letters
+        from .reply_grammar import LETTERS
+
+        g = self.grammar
+        temperature = policy_logprob_temperature(cfg)
+        sampler = make_sampler_for(cfg) if cfg.temperature > 0 else None
+        greedy_rows = np.array([bool(x) for x in greedy] if greedy is not None else [False] * len(prompts))
+        if sampler is None:
+            greedy_rows[:] = True
+        at_temperature = np.where(greedy_rows & (sampler is not None) & (not greedy_logprobs_at_temperature),
+                                  1.0, temperature)
+
+        def pick(logits, written, rows):
+            if self.trie is not None:
+                allowed = np.array([[c in self.trie.get("".join(LETTERS[i] for i in w), ()) for c in LETTERS]
+                                    for w in written])
+                logits = mx.where(mx.array(allowed), logits, -mx.inf)
+            rows = np.asarray(rows)
+            chosen = np.asarray(mx.argmax(logits, axis=-1)).astype(np.int64)
+            if sampler is not None and not greedy_rows[rows].all():
+                drawn = np.asarray(sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))).astype(np.int64)
+                chosen = np.where(greedy_rows[rows], chosen, drawn)
+            scaled = logits / mx.array(at_temperature[rows].astype(np.float32))[:, None]
+            values = mx.take_along_axis(scaled, mx.array(chosen)[:, None], axis=-1)[:, 0] - \
+                mx.logsumexp(scaled, axis=-1)
+            return chosen.tolist(), values.tolist()
+
+        lead = [p + g.open + g.sep for p in prompts]
+        letters, logprobs, ran = decode_letters(self.model, g, lead, pick, cfg.completion_batch_size)
+        self.prefilled_tokens += ran
+        out = []
+        for word, lps in zip(letters, logprobs):
+            tokens, choice = g.reply(word)
+            it = iter(lps)
+            out.append(Completion(tokens, [next(it) if c else 0.0 for c in choice], self._text(tokens), "stop",
+                                  choice))
+        return out

@@ -185,17 +185,23 @@ def split_batch(sequences: Sequence[TokenSequence], max_tokens: int, max_loss_to
 
 
 # --- MLX part --------------------------------------------------------------------------------------
-def selected_logprobs(model, inputs, positions, targets, temperature: float, prefix=None):
+def selected_logprobs(model, inputs, positions, targets, temperature: float, prefix=None, choices=None):
     """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part).
-    With `prefix`, every row of `inputs` continues that one prefix (see `pack_shared_batch`)."""
+    With `prefix`, every row of `inputs` continues that one prefix (see `pack_shared_batch`). With `choices`
+    (grammar decoding: `choice_arrays`), the targets are letter choices and the log-softmax runs over the allowed
+    letters only, from their rows of the projection."""
     import mlx.core as mx
 
     from .logits import selected_logits, shared_prefix_logits
+    from .reply_grammar import choice_logprobs
 
+    ids = None if choices is None else choices["ids"]
     if prefix is not None:
-        scaled = shared_prefix_logits(model, prefix, inputs, positions).astype(mx.float32)
+        scaled = shared_prefix_logits(model, prefix, inputs, positions, ids).astype(mx.float32)
     else:
-        scaled = selected_logits(model, inputs, positions).astype(mx.float32)
+        scaled = selected_logits(model, inputs, positions, ids).astype(mx.float32)
+    if choices is not None:
+        return choice_logprobs(scaled, choices["index"], choices["allowed"], temperature)
     if temperature != 1.0:
         scaled = scaled / temperature
     # no full (positions, vocab) log-softmax: the target logit minus the log-partition is enough
@@ -222,11 +228,23 @@ class LossSettings:
     epsilon_high: float | None = None      # None: same as epsilon
     beta: float = 0.0
     temperature: float = 1.0               # the temperature of the rollout log-probs
+    letters: object = None                 # reply_grammar.LetterChoices in grammar/words decoding, else None
 
 
-def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True) -> dict:
+def choice_arrays(letters, targets: np.ndarray, sequence: np.ndarray) -> dict:
+    """What `selected_logprobs` needs to score letter choices: the letter token ids, each target's index among
+    them and the letters allowed at its position."""
+    import mlx.core as mx
+
+    index, allowed = letters.masks(targets, sequence)
+    return {"ids": mx.array(letters.grammar.letter_ids), "index": mx.array(index),
+            "allowed": None if allowed.all() else mx.array(allowed)}
+
+
+def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True, letters=None) -> dict:
     """The micro-batch as MLX arrays; without `rollout_logprobs`, no "old" entry, and `grpo_loss` takes the
-    old log-probs from its own forward (`stop_gradient(new)`)."""
+    old log-probs from its own forward (`stop_gradient(new)`); with `letters` (a LetterChoices), the targets are
+    scored as letter choices."""
     import mlx.core as mx
 
     arrays = {"inputs": mx.array(batch.inputs), "positions": mx.array(batch.positions.astype(np.int32)),
@@ -236,6 +254,8 @@ def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True) -> dict:
         arrays["old"] = mx.array(batch.old_logprobs)
     if batch.prefix is not None:
         arrays["prefix"] = mx.array(batch.prefix)
+    if letters is not None:
+        arrays["choices"] = choice_arrays(letters, batch.targets, batch.sequence)
     return arrays
 
 
@@ -245,7 +265,7 @@ def reference_logprobs(model, arrays: dict, temperature: float):
 
     def logprobs():
         ref = mx.stop_gradient(selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"],
-                                                 temperature, arrays.get("prefix")))
+                                                 temperature, arrays.get("prefix"), arrays.get("choices")))
         mx.eval(ref)
         return ref
 
@@ -260,7 +280,7 @@ def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
     import mlx.core as mx
 
     new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], settings.temperature,
-                            arrays.get("prefix"))
+                            arrays.get("prefix"), arrays.get("choices"))
     w, adv = arrays["weights"], arrays["adv"]
     old = arrays["old"] if "old" in arrays else mx.stop_gradient(new)   # see the module docstring
     ratio = mx.exp(new - old)

@@ -28,7 +28,7 @@ from typing import Collection, Sequence
 import numpy as np
 
 from ..game.rewards import ReplyKind, Rewards, TurnFacts
-from .episode import Episode, TokenSequence, Turn
+from .episode import Episode, TokenSequence, Turn, reply_sequence
 from .advantages import group_advantages
 from .grpo_loss import (LossSettings, batch_arrays, grpo_loss, pack_batch, pack_shared_batch, reference_logprobs,
                         shared_prompt_groups, split_batch)
@@ -139,17 +139,18 @@ def rollout_turn_mode(player: Player, prompts: Sequence[GameSpec], cfg: RolloutC
         facts = TurnFacts(state.secret, tuple(state.history()), kind,
                           parsed.guess if kind is ReplyKind.VALID else None, len(c.tokens), cfg.max_tokens_per_turn)
         values = rewards.turn_mode_values(facts)
-        seq = TokenSequence(list(prompt) + list(c.tokens), [0] * len(prompt) + [1] * len(c.tokens),
-                            [0.0] * len(prompt) + list(c.logprobs))
+        seq = reply_sequence(prompt, c.tokens, c.logprobs, c.choice)
         return ScoredItem([seq], group_id, rewards.total(values), values), parsed
 
     while active := [g for g in games if not g.done]:
         prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.turn_errors) for g in active]
         if group.continue_with == "greedy":      # the greedy reply decoded in the same batch as the G samples
             samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, group.num_generations, cfg,
-                                                        generate_fn, greedy_logprobs_at_temperature=group.train_greedy)
+                                                        generate_fn, greedy_logprobs_at_temperature=group.train_greedy,
+                                                        words=allowed)
         else:
-            samples = sample_replies(model, tokenizer, prompt_ids, group.num_generations, cfg, generate_fn=generate_fn)
+            samples = sample_replies(model, tokenizer, prompt_ids, group.num_generations, cfg, generate_fn=generate_fn,
+                                     words=allowed)
             greedy = [None] * len(active)
         for game, prompt, completions, greedy_reply in zip(active, prompt_ids, samples, greedy):
             state = game.episode.state
@@ -159,7 +160,7 @@ def rollout_turn_mode(player: Player, prompts: Sequence[GameSpec], cfg: RolloutC
                 items.append(item)
                 scored.append((parsed.error is None, item.reward, c))
                 replies.append(Turn(list(prompt), list(c.tokens), list(c.logprobs), c.text, parsed.guess,
-                                    parsed.error, finish_reason=c.finish_reason))
+                                    parsed.error, finish_reason=c.finish_reason, choice=c.choice))
             if group.train_greedy:               # the greedy reply joins its group as member G + 1
                 items.append(score(state, prompt, greedy_reply)[0])
             group_id += 1
@@ -255,7 +256,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
         if rest else []
     for idx, pack in [(g, pack_shared_batch) for g in shared] + [(g, pack_batch) for g in plain]:
         batch = pack([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx])
-        arrays = batch_arrays(batch, rollout_logprobs=False)     # old log-probs: the trainer's own, ratio 1
+        arrays = batch_arrays(batch, rollout_logprobs=False, letters=s.loss.letters)   # old: the trainer's own, ratio 1
         ref = reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None
         (loss, stats), g = value_and_grad(arrays, ref)
         grads = g if grads is None else tree_map(lambda a, b: a + b, grads, g)

@@ -30,22 +30,29 @@ def has_split_head(model) -> bool:
     return getattr(lm, "model_type", None) in SPLIT_HEAD_TYPES and hasattr(getattr(lm, "model", None), "embed_tokens")
 
 
-def project(model, hidden: mx.array) -> mx.array:
-    """Output projection of final hidden states onto the vocabulary."""
+def project(model, hidden: mx.array, token_ids: mx.array | None = None) -> mx.array:
+    """Output projection of final hidden states onto the vocabulary, or onto `token_ids` only (their rows of the
+    projection: grammar decoding's letters)."""
+    if token_ids is not None:
+        from .reply_grammar import head_rows
+
+        return hidden @ head_rows(model, token_ids).T
     lm = text_model(model)
     if getattr(lm, "tie_word_embeddings", False) or not hasattr(lm, "lm_head"):
         return lm.model.embed_tokens.as_linear(hidden)
     return lm.lm_head(hidden)
 
 
-def selected_logits(model, inputs: mx.array, positions: mx.array) -> mx.array:
-    """(P, vocab) logits at `positions`, flat indices into the (B * L) positions of `inputs` (B, L)."""
+def selected_logits(model, inputs: mx.array, positions: mx.array, token_ids: mx.array | None = None) -> mx.array:
+    """(P, vocab) logits at `positions`, flat indices into the (B * L) positions of `inputs` (B, L); (P, K) with
+    `token_ids` (K,), the logits of those tokens only."""
     if has_split_head(model):
         hidden, _ = body_hidden(model, inputs)
         hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
-        return project(model, hidden)
+        return project(model, hidden, token_ids)
     logits = model(inputs)
-    return logits.reshape(-1, logits.shape[-1])[positions]
+    logits = logits.reshape(-1, logits.shape[-1])[positions]
+    return logits if token_ids is None else logits[:, token_ids]
 
 
 def full_logits_at(model, inputs: mx.array, positions: mx.array) -> mx.array:
@@ -168,7 +175,8 @@ def body_hidden(model, inputs: mx.array, prefix_kv: list | None = None, keep_kv:
     return body.norm(h), kvs
 
 
-def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, positions: mx.array) -> mx.array:
+def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, positions: mx.array,
+                         token_ids: mx.array | None = None) -> mx.array:
     """(P, vocab) logits at `positions` (flat indices into the (G * L) continuation block) for G sequences
     that all start with the same `prefix` (1-D): the prefix runs through the model once, and its keys and
     values serve every continuation. Equal to `selected_logits` on the G concatenated sequences (the
@@ -179,4 +187,4 @@ def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, posit
     _, prefix_kv = body_hidden(model, prefix[None], keep_kv=True)
     hidden, _ = body_hidden(model, continuations, prefix_kv)
     hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
-    return project(model, hidden)
+    return project(model, hidden, token_ids)

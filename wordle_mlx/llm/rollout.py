@@ -23,13 +23,13 @@ from typing import Callable, Collection, Sequence
 
 from pydantic import Field, model_validator
 
-from ..errors import UserError
 from ..game.knowledge import is_consistent
 from ..game.state import MAX_GUESSES, GameState
 from .episode import Episode, Turn
 from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfig, policy_logprob_temperature,
                          policy_logprobs)
 from .prompts import PromptConfig, TurnText, build_messages, choose_prompt, parse_reply
+from .reply_grammar import DECODE_HELP, DecodeMode, effective_mode
 
 __all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "sample_replies_and_greedy",
            "prompt_token_ids", "policy_logprob_temperature", "policy_logprobs", "Completion"]
@@ -40,8 +40,7 @@ class RolloutConfig(SamplingConfig):
     max_guesses: int = Field(MAX_GUESSES, ge=1, le=MAX_GUESSES, description="Guesses per game.")
     max_turns: int | None = Field(None, ge=1, description="Stop each game after this many model turns (None: to the end).")
     prompt: PromptConfig = Field(default_factory=PromptConfig)
-    constrain: bool = Field(False, description="Letters format only: replies can spell only allowed words "
-                            "(llm/word_constraint.py). An inference option, never for GRPO rollouts.")
+    decode: DecodeMode = Field("grammar", description=DECODE_HELP)
 
     @model_validator(mode="after")
     def _reply_budget(self) -> "RolloutConfig":
@@ -96,24 +95,33 @@ def prompt_messages(cfg: RolloutConfig, state: GameState, texts: Sequence[TurnTe
                           last_error=turn_errors[-1] if turn_errors else None, earlier_errors=turn_errors[:-1])
 
 
+def decode_mode(cfg: SamplingConfig) -> str:
+    """The decoding mode a rollout config plays with: its `decode`, or free for a format with free text."""
+    if not isinstance(cfg, RolloutConfig):
+        return "free"
+    return effective_mode(cfg.decode, cfg.prompt, "decode" in cfg.model_fields_set)
+
+
 def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: SamplingConfig,
-                        constraint_words: Collection[str] | None = None) -> GenerateFn:
-    """The backend to use: `generate_fn` if given, else mlx-lm batching (RNG seeded with cfg.seed), with the
-    allowed-words constraint when `constraint_words` is given."""
+                        words: Collection[str] | None = None) -> GenerateFn:
+    """The backend to use: `generate_fn` if given, else mlx-lm batching (RNG seeded with cfg.seed) in the
+    config's decoding mode (`words` are the allowed guesses words decoding spells)."""
     if generate_fn is not None:
         return generate_fn
     import mlx.core as mx
 
     mx.random.seed(cfg.seed)
-    return BatchedGenerator(model, tokenizer, constraint_words=constraint_words)
+    return BatchedGenerator(model, tokenizer, mode=decode_mode(cfg), words=words)
 
 
 def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
-                   cfg: SamplingConfig, generate_fn: GenerateFn | None = None) -> list[list[Completion]]:
-    """`n_per_prompt` completions for each prompt, all sampled in one batch: result[i][j] is sample j of prompt i."""
+                   cfg: SamplingConfig, generate_fn: GenerateFn | None = None,
+                   words: Collection[str] | None = None) -> list[list[Completion]]:
+    """`n_per_prompt` completions for each prompt, all sampled in one batch: result[i][j] is sample j of prompt i
+    (`words`: the allowed guesses, for words decoding)."""
     if n_per_prompt < 1:
         raise ValueError(f"n_per_prompt must be >= 1, got {n_per_prompt}")
-    generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
+    generate = default_generate_fn(model, tokenizer, generate_fn, cfg, words)
     flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt)]
     out = generate(flat, cfg)
     return [out[i * n_per_prompt:(i + 1) * n_per_prompt] for i in range(len(prompts_token_ids))]
@@ -121,13 +129,13 @@ def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]],
 
 def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
                               cfg: SamplingConfig, generate_fn: GenerateFn | None = None,
-                              greedy_logprobs_at_temperature: bool = False
+                              greedy_logprobs_at_temperature: bool = False, words: Collection[str] | None = None
                               ) -> tuple[list[list[Completion]], list[Completion]]:
     """`sample_replies` plus each prompt's greedy reply. With the MLX backend both come from one batch (the
     greedy row shares its prompt's prefill with the G samples); another backend is called twice. The greedy
     reply's log-probs are at T = 1, or with `greedy_logprobs_at_temperature` at the sampling temperature (so
     it can be trained on beside the samples; another backend can do that only when T is 1)."""
-    generate = default_generate_fn(model, tokenizer, generate_fn, cfg)
+    generate = default_generate_fn(model, tokenizer, generate_fn, cfg, words)
     if not isinstance(generate, BatchedGenerator):
         if greedy_logprobs_at_temperature and policy_logprob_temperature(cfg) != 1.0:
             raise ValueError("greedy log-probs at the sampling temperature need the MLX backend when T != 1")
@@ -156,7 +164,8 @@ def _apply(game: _Game, prompt: list[int], reply: Completion, cfg: RolloutConfig
     ep, state = game.episode, game.episode.state
     parsed = parse_reply(reply.text, cfg.prompt.require_think, allowed)
     turn = Turn(prompt_tokens=list(prompt), completion_tokens=list(reply.tokens), logprobs=list(reply.logprobs),
-                text=reply.text, guess=parsed.guess, error=parsed.error, finish_reason=reply.finish_reason)
+                text=reply.text, guess=parsed.guess, error=parsed.error, finish_reason=reply.finish_reason,
+                choice=reply.choice)
     if parsed.error is None:
         history = state.history()
         turn.repeated = parsed.guess in state.guesses
@@ -184,10 +193,7 @@ def play_games(model, tokenizer, games: Sequence[GameSpec], cfg: RolloutConfig, 
     `on_turn(game_index, episode, turn)` is called after every recorded turn (live display).
     """
     allowed = allowed_words if isinstance(allowed_words, (set, frozenset)) else frozenset(allowed_words)
-    if cfg.constrain and cfg.prompt.guess_format != "letters":
-        raise UserError(f"constrain: the allowed-words constraint needs guess_format 'letters', "
-                        f"not {cfg.prompt.guess_format!r}")
-    generate = default_generate_fn(model, tokenizer, generate_fn, cfg, allowed if cfg.constrain else None)
+    generate = default_generate_fn(model, tokenizer, generate_fn, cfg, allowed)
     if model is not None and hasattr(model, "eval"):
         model.eval()
     running = [_start(spec, cfg) for spec in games]

@@ -11,7 +11,8 @@ the batch shares and that carries no target (for chat data: `<bos>`, the turn ma
 about a third of a compact-prompt example) becomes `batch.prefix`: it runs through the model once and every
 example's remaining tokens attend to its keys and values (`logits.shared_prefix_logits`, with gradients),
 which gives the same loss and gradient as the padded batch (tests/test_sft.py) for less work
-(benchmarks/sft_throughput.py).
+(benchmarks/sft_throughput.py). With `letter_ids` (SFT's `grammar_loss`), only the reply's letters are targets,
+each a choice among the 26 letter tokens, projected on their 26 rows: the policy grammar decoding plays.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class SFTBatch:
     tokens: int           # number of real target tokens
     length: int           # total real tokens in the batch (prompt included), for throughput
     prefix: mx.array | None = None   # (C,) int32 tokens every example starts with; `inputs` holds what follows
+    letter_ids: mx.array | None = None   # grammar loss: the 26 letter token ids; `targets` index into them
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -53,8 +55,9 @@ def shared_start(seqs: Sequence[tuple]) -> int:
 
 
 def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | None = None,
-               share_prefix: bool = False) -> SFTBatch:
-    """Arrays for a batch of (tokens, prompt_length); see the module docstring."""
+               share_prefix: bool = False, letter_ids: Sequence[int] | None = None) -> SFTBatch:
+    """Arrays for a batch of (tokens, prompt_length); see the module docstring. With `letter_ids` (the grammar
+    loss) only the targets that are letter tokens are kept, as indices into `letter_ids`."""
     seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1]) for s in sequences]
     start = shared_start(seqs) if share_prefix else 0
     width = round_up(max(len(t) - 1 - start for t, _ in seqs), pad_to)
@@ -63,8 +66,13 @@ def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | N
     for b, (tokens, offset) in enumerate(seqs):
         inputs[b, : len(tokens) - 1 - start] = tokens[start:-1]
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
+            if letter_ids is not None:
+                if tokens[j + 1] not in letter_ids:
+                    continue
+                targets.append(letter_ids.index(tokens[j + 1]))
+            else:
+                targets.append(tokens[j + 1])
             positions.append(b * width + j - start)
-            targets.append(tokens[j + 1])
     n = len(positions)
     if n == 0:
         raise ValueError("batch has no assistant tokens to train on")
@@ -75,7 +83,8 @@ def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | N
     targets += [0] * (padded - n)
     return SFTBatch(mx.array(inputs), mx.array(np.array(positions, dtype=np.int32)),
                     mx.array(np.array(targets, dtype=np.int32)), mx.array(weights), n,
-                    sum(len(s[0]) for s in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None)
+                    sum(len(s[0]) for s in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None,
+                    mx.array(list(letter_ids)) if letter_ids is not None else None)
 
 
 def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx.array, mx.array]:
@@ -86,21 +95,24 @@ def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx
     return full, (positions // width) * (width + c) + positions % width + c
 
 
-def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None):
-    """(summed weighted cross-entropy over real targets, their summed weight); `prefix`: see `make_batch`."""
+def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None, letter_ids=None):
+    """(summed weighted cross-entropy over real targets, their summed weight); `prefix`: see `make_batch`; with
+    `letter_ids`, the cross-entropy over those tokens only (targets index into them: the grammar loss)."""
     if prefix is not None and (full_logits or not has_split_head(model)):
         inputs, positions = unshare(prefix, inputs, positions)
         prefix = None
     if prefix is not None:
-        logits = shared_prefix_logits(model, prefix, inputs, positions).astype(mx.float32)
+        logits = shared_prefix_logits(model, prefix, inputs, positions, letter_ids).astype(mx.float32)
+    elif full_logits:
+        logits = full_logits_at(model, inputs, positions).astype(mx.float32)
+        logits = logits if letter_ids is None else logits[:, letter_ids]
     else:
-        gather = full_logits_at if full_logits else selected_logits
-        logits = gather(model, inputs, positions).astype(mx.float32)
+        logits = selected_logits(model, inputs, positions, letter_ids).astype(mx.float32)
     ce = nn.losses.cross_entropy(logits, targets)
     return (ce * weights).sum(), weights.sum()
 
 
 def mean_loss(model, batch: SFTBatch, full_logits: bool = False) -> mx.array:
     total, count = loss_sum(model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits,
-                            batch.prefix)
+                            batch.prefix, batch.letter_ids)
     return total / count

@@ -32,7 +32,7 @@ from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.words import guess_list
 from ..llm.prompts import FORMAT_ERRORS, NOT_A_WORD
-from ..llm.rollout import GameSpec, RolloutConfig, play_games
+from ..llm.rollout import GameSpec, RolloutConfig, decode_mode, play_games
 from ..progress import console, progress_bar
 from .entropy import load_table
 
@@ -143,7 +143,8 @@ def play_model(cfg: EvalConfig, specs: list[GameSpec], adapter: str | None, allo
 def show(result: dict) -> None:
     columns = {"model": result, **result.get("baselines", {})}
     table = Table(title=f"eval: {result['model']} on {result['games']} {result['split']} words "
-                        f"(history {result['history']}, temperature {result['temperature']})")
+                        f"(history {result['history']}, temperature {result['temperature']}, "
+                        f"{result['decode']} decoding)")
     table.add_column("metric")
     for name in columns:
         table.add_column(name, justify="right")
@@ -178,7 +179,7 @@ def run(cfg: EvalConfig) -> dict:
               "split": cfg.split,
               "history": cfg.history, "temperature": cfg.rollout.temperature, "seed": cfg.seed,
               "max_tokens_per_turn": cfg.rollout.max_tokens_per_turn, "prompt": cfg.rollout.prompt.model_dump(),
-              "constrain": cfg.rollout.constrain, **summary}
+              "decode": decode_mode(cfg.rollout), **summary}
     unfinished = [(i, b) for i, b in enumerate(boards) if b["timed_out"]]
     if cfg.baselines and not unfinished:
         start = time.perf_counter()

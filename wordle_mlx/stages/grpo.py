@@ -40,6 +40,7 @@ from ..progress import console, progress_bar
 from ..stop_signals import StopSignals, agreed_stop
 from .entropy import load_table
 from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
+from ..llm.reply_grammar import LetterChoices, LetterGrammar, effective_mode, prefix_trie
 from ..llm.rollout import GameSpec, RolloutConfig
 from .grpo_config import GRPOConfig
 
@@ -51,7 +52,23 @@ class NonFiniteStop(UserError):
 def rollout_config(cfg: GRPOConfig, temperature: float, seed: int) -> RolloutConfig:
     return RolloutConfig(temperature=temperature, max_tokens_per_turn=cfg.rl.max_completion_tokens,
                          completion_batch_size=cfg.rl.completion_batch_size, seed=seed,
-                         max_invalid_replies=cfg.rl.max_invalid_replies, prompt=cfg.rl.prompt)
+                         max_invalid_replies=cfg.rl.max_invalid_replies, prompt=cfg.rl.prompt,
+                         decode=decode_mode(cfg))
+
+
+def decode_mode(cfg: GRPOConfig) -> str:
+    """The decoding mode the rollouts use (and the update scores): rl.decode, or free for a free-text format."""
+    return effective_mode(cfg.rl.decode, cfg.rl.prompt, "decode" in cfg.rl.model_fields_set, "rl.decode")
+
+
+def letter_choices(tokenizer, mode: str, allowed) -> LetterChoices | None:
+    """What the update needs to score grammar or words decoding's letter choices (None in free decoding)."""
+    if mode == "free":
+        return None
+    from ..llm.generation import end_token_ids, reply_end_id
+
+    grammar = LetterGrammar(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer)))
+    return LetterChoices(grammar, prefix_trie(allowed) if mode == "words" else None)
 
 
 def step_seed(base: int, step: int, round_: int = 0) -> int:
@@ -206,9 +223,10 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         set_grad_checkpoint(model)
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
-    generate = generate_fn or BatchedGenerator(model, tokenizer)
+    mode = decode_mode(cfg)
+    generate = generate_fn or BatchedGenerator(model, tokenizer, mode=mode, words=allowed)
     settings = grpo_step.UpdateSettings(
-        LossSettings(beta=cfg.grpo.beta, temperature=rl.temperature),
+        LossSettings(beta=cfg.grpo.beta, temperature=rl.temperature, letters=letter_choices(tokenizer, mode, allowed)),
         "token", cfg.grpo.advantage, t.max_grad_norm, t.max_tokens_per_microbatch,
         t.max_loss_tokens_per_microbatch)
     player = grpo_step.Player(model, tokenizer, generate)
@@ -257,7 +275,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     metrics = MetricsWriter(run_dir / "metrics.jsonl") if main else NullWriter()
     metrics.write({"kind": "run", "stage": "grpo", "run": run_dir.name, "config_hash": config_hash(saved_cfg),
                    "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None,
-                   "world_size": world.size})
+                   "world_size": world.size, "decode": mode})
     stop_reason, last, before_step, done_step = "finished", {}, prompts.state(), step
     stop, stop_signal = StopSignals(announce=main), None
     try:

@@ -21,6 +21,7 @@ from ..game.rewards import RewardWeights
 from ..game.seeding import HistoryPolicy
 from ..game.state import MAX_GUESSES
 from ..llm.prompts import PromptConfig
+from ..llm.reply_grammar import DECODE_HELP, DecodeMode
 
 
 class ModelSection(StrictModel):
@@ -69,6 +70,8 @@ class RLSection(StrictModel):
         "Turn mode with turn_continue 'greedy': the greedy reply also joins its group as member G + 1 and is "
         "trained on, so each update pushes the reply greedy play gives up or down. Ignored in episode mode."))
     completion_batch_size: int = Field(64, ge=1, description="Rows per decoding batch.")
+    decode: DecodeMode = Field("grammar", description=DECODE_HELP + " The update scores the same policy: in grammar "
+                               "and words decoding, the log-softmax over the allowed letters.")
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="Ignored with model.start_adapter "
                                  "unless set: the adapter's recorded prompt applies.")
 

@@ -71,6 +71,9 @@ class SFTConfig(StrictModel):
     share_prefix: bool = Field(True, description="Run the start that all examples of a batch share (chat "
                                "markers, system line) once per batch: the same loss, less work.")
     grad_checkpoint: bool = Field(False, description="Recompute activations in the backward pass (less memory).")
+    grammar_loss: bool = Field(False, description="Train only the reply's 5 letters, each as a choice among the 26 "
+                               "letter tokens (the policy grammar decoding plays; its tags are forced), projected "
+                               "on those 26 rows only. Needs letters-format replies without a think block.")
     valid_every: int = Field(60, ge=0, description="Validation loss every N steps (and at the end); 0 = never.")
     valid_batches: int = Field(4, ge=0, description="Validation batches per pass; 0 = all.")
     game_eval: GameEvalConfig = Field(default_factory=GameEvalConfig)
@@ -109,15 +112,36 @@ def tokenize(records: list[dict], tokenizer, source: Path) -> list[tuple]:
     return out
 
 
-def make_batches(seqs: list[tuple], cfg: SFTConfig, world=None) -> list[SFTBatch | None]:
+def make_batches(seqs: list[tuple], cfg: SFTConfig, world=None, letter_ids: list[int] | None = None
+                 ) -> list[SFTBatch | None]:
     """Length buckets: examples sorted by length, cut into batches of `batch_size` (the last may be smaller).
     With several ranks each global batch is split: a rank keeps its examples rank, rank + size, ... of it
-    (None when a short last batch leaves it none)."""
+    (None when a short last batch leaves it none). `letter_ids`: the grammar loss's letter tokens."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i][0]), i))
     shares = [order[s:s + cfg.batch_size][rank::size] for s in range(0, len(order), cfg.batch_size)]
-    return [make_batch([seqs[i] for i in mine], cfg.pad_to, cfg.max_seq_length, cfg.share_prefix) if mine else None
-            for mine in shares]
+    return [make_batch([seqs[i] for i in mine], cfg.pad_to, cfg.max_seq_length, cfg.share_prefix, letter_ids)
+            if mine else None for mine in shares]
+
+
+def grammar_letter_ids(cfg: SFTConfig, tokenizer, prompt_cfg: PromptConfig, seqs: list[tuple], source: Path):
+    """The letter token ids of the grammar loss (None without it), after checking that every example's reply
+    has exactly 5 letter tokens."""
+    if not cfg.grammar_loss:
+        return None
+    from ..llm.generation import end_token_ids, reply_end_id
+    from ..llm.reply_grammar import LetterGrammar, grammar_applies
+
+    if not grammar_applies(prompt_cfg):
+        raise UserError(f"grammar_loss: needs data in guess_format 'letters' without a think block, not "
+                        f"guess_format {prompt_cfg.guess_format!r} with require_think {prompt_cfg.require_think}")
+    ids = LetterGrammar(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer))).letter_ids
+    letters = set(ids)
+    for i, (tokens, prompt_length) in enumerate(seqs, start=1):
+        n = sum(t in letters for t in tokens[prompt_length:])
+        if n != 5:
+            raise UserError(f"{source}: record {i}: grammar_loss needs 5 letter tokens in the reply, found {n}")
+    return ids
 
 
 def batch_at(position: int, n_batches: int, seed: int) -> int:
@@ -134,7 +158,7 @@ def mean_gradient(model, loss_and_grad, batches: list[SFTBatch | None], world=No
     for b in batches:
         if b is None:                    # this rank has no example in a short last batch
             continue
-        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
+        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.letter_ids)
         grads = g if grads is None else tree_map(mx.add, grads, g)
         mx.eval(grads, s, n)
         total, count, length = total + s.item(), count + n.item(), length + b.length
@@ -150,7 +174,7 @@ def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
     """Token-weighted validation loss; with several ranks, over every rank's batches."""
     total, count = 0.0, 0.0
     for b in batches:
-        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
+        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.letter_ids)
         mx.eval(s, n)
         total, count = total + s.item(), count + n.item()
     if world is not None:
@@ -244,8 +268,11 @@ def run(cfg: SFTConfig) -> dict:
     from ..llm.memory import configure_metal_memory, free_cache
     configure_metal_memory()
 
-    train_batches = make_batches(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), cfg, world)
-    valid_batches = make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), cfg) if valid_records else []
+    train_seqs = tokenize(train_records, tokenizer, data_dir / "train.jsonl")
+    letter_ids = grammar_letter_ids(cfg, tokenizer, prompt_cfg, train_seqs, data_dir / "train.jsonl")
+    train_batches = make_batches(train_seqs, cfg, world, letter_ids)
+    valid_batches = make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), cfg, None,
+                                 letter_ids) if valid_records else []
     if cfg.valid_batches and cfg.valid_batches < len(valid_batches):
         # batches are sorted by length: take them evenly across lengths, not just the shortest (empty boards)
         picks = np.unique(np.linspace(0, len(valid_batches) - 1, cfg.valid_batches).round().astype(int))

@@ -1,0 +1,158 @@
+"""Grammar-constrained replies: the letters-format reply as forced tokens and letter choices, scored on 26 rows.
+
+A letters reply without a think block, `<guess> c r a n e</guess>` and the end token, has a fixed shape: Gemma's
+tokenizer writes it as 3 tag tokens, 5 single-letter tokens (" c", " r", ...), 3 tag tokens and `<end_of_turn>`
+(a character-level tokenizer writes a forced space before each letter token instead). `LetterGrammar` holds
+that shape for one tokenizer. In `grammar` decoding only the 5 letter positions are decoded; the tags, spaces and
+end token are forced (log-prob 0, not trained on), and each letter's logits are computed for the 26 letter tokens
+only, from their rows of the output projection (the tied embedding), never for the 262k-entry vocabulary. The
+policy is then exactly the full model's distribution renormalised over the allowed tokens at each position. In
+`words` decoding the allowed letters at each position are those that continue some allowed guess (a prefix trie
+of the 12,972 words), so a reply always spells a word the game accepts; `free` is the model's own unconstrained
+reply. `letter_decoder.py` decodes with it; `choice_logprobs` is the same renormalised log-softmax for training
+(GRPO's update and, as an option, the SFT loss), so sampler and trainer agree to float rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Literal
+
+import numpy as np
+
+from ..errors import UserError
+
+DecodeMode = Literal["free", "grammar", "words"]
+DECODE_MODES = ("free", "grammar", "words")
+DECODE_HELP = ("free: the model writes the whole reply over its full vocabulary; grammar: the reply's tags are "
+               "forced and only its 5 letters are decoded, over the 26 letter tokens; words: as grammar, with the "
+               "letters limited to spell an allowed guess. grammar and words need the letters format without a "
+               "think block; other formats are decoded free.")
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+SAMPLE_REPLY = "<guess> c r a n e</guess>"
+
+
+def grammar_applies(prompt) -> bool:
+    """True when replies in this prompt format have a fixed shape (letters format, no think block)."""
+    return prompt.guess_format == "letters" and not prompt.require_think
+
+
+def effective_mode(mode: str, prompt, explicit: bool, field: str = "decode") -> str:
+    """The decoding mode actually used: `mode`, or free when the format has free text (an error when the user
+    asked for grammar or words explicitly with such a format)."""
+    if mode not in DECODE_MODES:
+        raise UserError(f"{field}: unknown mode {mode!r}; use {', '.join(DECODE_MODES)}")
+    if mode == "free" or grammar_applies(prompt):
+        return mode
+    if explicit:
+        raise UserError(f"{field}: {mode!r} decoding needs guess_format 'letters' without a think block, not "
+                        f"guess_format {prompt.guess_format!r} with require_think {prompt.require_think}")
+    return "free"
+
+
+class LetterGrammar:
+    """Token ids of the letters-format reply for one tokenizer: `open` tag tokens, the forced `sep` before each
+    letter (empty for Gemma), the 26 `letter_ids`, the `close` tag tokens and the `end` token."""
+
+    def __init__(self, tokenizer, end_id: int):
+        enc = lambda s: list(tokenizer.encode(s, add_special_tokens=False))  # noqa: E731
+        self.open = enc("<guess>")
+        seps, letters = set(), []
+        for c in LETTERS:
+            piece = enc(f"<guess> {c}")
+            rest = piece[len(self.open):]
+            if piece[:len(self.open)] != self.open or not 1 <= len(rest) <= 2 or \
+                    tokenizer.decode(rest[-1:]).strip() != c:
+                raise UserError(f"decode: this tokenizer does not write ' {c}' after '<guess>' as a letter token "
+                                "(with at most one space token before it); grammar decoding needs one token a letter")
+            seps.add(tuple(rest[:-1]))
+            letters.append(rest[-1])
+        if len(seps) != 1 or len(set(letters)) != 26:
+            raise UserError("decode: this tokenizer writes the letters of a reply in different shapes")
+        self.sep = list(seps.pop())
+        self.letter_ids = letters
+        self.index_of = {t: i for i, t in enumerate(letters)}
+        full = enc(SAMPLE_REPLY)
+        body = self.open + [x for c in "crane" for x in self.sep + [letters[LETTERS.index(c)]]]
+        if full[:len(body)] != body or tokenizer.decode(full[len(body):]) != "</guess>":
+            raise UserError(f"decode: this tokenizer splits {SAMPLE_REPLY!r} differently from its parts")
+        self.close = full[len(body):]
+        self.end = int(end_id)
+
+    def reply(self, word_letters: list[int]) -> tuple[list[int], list[int]]:
+        """(token ids of the whole reply spelling these letter indices, end token included; 1 where a token is a
+        letter choice, 0 where it is forced)."""
+        tokens, choice = list(self.open), [0] * len(self.open)
+        for i in word_letters:
+            tokens += self.sep + [self.letter_ids[i]]
+            choice += [0] * len(self.sep) + [1]
+        tokens += self.close + [self.end]
+        return tokens, choice + [0] * (len(self.close) + 1)
+
+    def word(self, tokens) -> str:
+        """The letters of the letter tokens in `tokens`, in order."""
+        return "".join(LETTERS[self.index_of[int(t)]] for t in tokens if int(t) in self.index_of)
+
+
+def prefix_trie(words: Collection[str]) -> dict[str, frozenset[str]]:
+    """{prefix: the letters that can follow it in some word} for every proper prefix of 5-letter `words`."""
+    nexts: dict[str, set[str]] = {}
+    for w in words:
+        for i in range(5):
+            nexts.setdefault(w[:i], set()).add(w[i])
+    return {k: frozenset(v) for k, v in nexts.items()}
+
+
+class LetterChoices:
+    """What the trainer needs to score letter choices: the grammar's letter token ids and, in words mode, the
+    trie that limits them. `masks(targets, sequence)` gives each letter target's index among the 26 and the
+    letters allowed at its position (all of them in grammar mode; in words mode those that continue the
+    letters its sequence has written before it)."""
+
+    def __init__(self, grammar: LetterGrammar, trie: dict[str, frozenset[str]] | None = None):
+        self.grammar, self.trie = grammar, trie
+
+    def masks(self, targets: np.ndarray, sequence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        index = np.array([self.grammar.index_of.get(int(t), -1) for t in targets], dtype=np.int32)
+        if (index < 0).any():
+            bad = int(targets[int(np.flatnonzero(index < 0)[0])])
+            raise ValueError(f"token {bad} is trained on as a letter choice but is not one of the 26 letter tokens")
+        allowed = np.ones((len(targets), 26), dtype=bool)
+        if self.trie is not None:
+            written: dict[int, str] = {}
+            for m, (i, s) in enumerate(zip(index, sequence)):
+                prefix = written.get(int(s), "")
+                allowed[m] = [c in self.trie.get(prefix, ()) for c in LETTERS]
+                written[int(s)] = prefix + LETTERS[i]
+        return index, allowed
+
+
+# --- MLX part --------------------------------------------------------------------------------------
+def head_rows(model, token_ids):
+    """(K, hidden) rows of the output projection for `token_ids` (an mx.array): the tied embedding's rows
+    (dequantized when it is quantized), or the untied head's."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from .logits import text_model
+
+    lm = text_model(model)
+    if getattr(lm, "tie_word_embeddings", False) or not hasattr(lm, "lm_head"):
+        return lm.model.embed_tokens(token_ids)
+    head = lm.lm_head
+    if isinstance(head, nn.QuantizedLinear):
+        return mx.dequantize(head.weight[token_ids], head.scales[token_ids], head.biases[token_ids],
+                             head.group_size, head.bits)
+    return head.weight[token_ids]
+
+
+def choice_logprobs(logits, index, allowed, temperature: float):
+    """log_softmax(logits / T) over the allowed tokens, at `index` (logits (M, K) over the choice tokens,
+    index (M,), allowed (M, K) bool or None = all), in float32."""
+    import mlx.core as mx
+
+    scaled = logits.astype(mx.float32)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    if allowed is not None:
+        scaled = mx.where(allowed, scaled, -mx.inf)
+    return mx.take_along_axis(scaled, index[:, None], axis=-1)[:, 0] - mx.logsumexp(scaled, axis=-1)

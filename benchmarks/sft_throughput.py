@@ -6,9 +6,11 @@ that carry loss and projects only those onto the vocabulary (`llm/sft_loss.py`),
 every position. "ours, shared prefix" also runs the start that every example of the batch shares (chat
 markers and system line) once per batch (`make_batch(share_prefix=True)`, the SFT stage's default).
 Each timed step is a full LoRA gradient computation (value_and_grad + eval) on the same batch, the three
-interleaved so machine noise hits them alike. Tokens/s counts every real token in the batch (prompt
-included, the shared prefix once per example), as mlx-lm reports it. Last two lines: `prefix speedup X.XX`
-(shared against unshared ours) and `speedup X.XX` (ours unshared against mlx-lm).
+interleaved so machine noise hits them alike. "shared, grammar loss" is the shared-prefix step with SFT's
+`grammar_loss`: only the reply's 5 letters are targets, projected on the 26 letter rows. Tokens/s counts every real token in the batch (prompt
+included, the shared prefix once per example), as mlx-lm reports it. Last three lines: `prefix speedup X.XX`
+(shared against unshared ours), `grammar loss speedup X.XX` (grammar loss against the shared full-vocabulary
+loss) and `speedup X.XX` (ours unshared against mlx-lm).
 Without `--data`, it first writes a small SFT data folder in the recipe's format (compact prompt, letters
 reply) to a temporary folder with the `data` stage, so it runs on a fresh clone with no other command first.
 Usage: python benchmarks/sft_throughput.py [--model builtin:gemma-3-270m] [--data DIR] [--steps 6]
@@ -51,7 +53,8 @@ def main() -> None:
     from wordle_mlx.llm.models import load_model
     from wordle_mlx.llm.sft_loss import loss_sum, make_batch
     from wordle_mlx.stages.data import read_sft_jsonl
-    from wordle_mlx.stages.sft import tokenize
+    from wordle_mlx.llm.prompts import PromptConfig
+    from wordle_mlx.stages.sft import SFTConfig, grammar_letter_ids, tokenize
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="builtin:gemma-3-270m")
@@ -73,14 +76,19 @@ def main() -> None:
     ours_grad = nn.value_and_grad(model, loss_sum)
     theirs_grad = nn.value_and_grad(model, default_loss)
 
-    def ours(group, share=False):
-        b = make_batch(group, share_prefix=share)
-        (s, n), g = ours_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix)
+    letters = grammar_letter_ids(SFTConfig(grammar_loss=True), tokenizer, PromptConfig(), seqs, Path(args.data))
+
+    def ours(group, share=False, letter_ids=None):
+        b = make_batch(group, share_prefix=share, letter_ids=letter_ids)
+        (s, n), g = ours_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.letter_ids)
         mx.eval(s, n, g)
         return (s / n).item(), b.length
 
     def ours_shared(group):
         return ours(group, share=True)
+
+    def ours_grammar(group):
+        return ours(group, share=True, letter_ids=letters)
 
     def theirs(group):
         width = 1 + 32 * ((max(len(t) for t, _ in group) + 31) // 32)   # as mlx-lm's iterate_batches pads
@@ -91,12 +99,13 @@ def main() -> None:
         return loss.item(), sum(len(t) for t, _ in group)
 
     model.train()
-    ours(groups[0]), ours_shared(groups[0]), theirs(groups[0])   # warm-up (first-call allocations)
-    rates = {"ours": [], "ours, shared prefix": [], "mlx-lm default_loss": []}
+    ours(groups[0]), ours_shared(groups[0]), ours_grammar(groups[0]), theirs(groups[0])   # warm-up
+    rates = {"ours": [], "ours, shared prefix": [], "shared, grammar loss": [], "mlx-lm default_loss": []}
     mean_len = statistics.mean(len(t) for g in groups[1:] for t, _ in g)
     print(f"model {args.model}, batch {args.batch_size} x ~{mean_len:.0f} tokens, {args.steps} steps each, interleaved")
     for step, group in enumerate(groups[1:], start=1):
-        for name, fn in (("ours", ours), ("ours, shared prefix", ours_shared), ("mlx-lm default_loss", theirs)):
+        for name, fn in (("ours", ours), ("ours, shared prefix", ours_shared), ("shared, grammar loss", ours_grammar),
+                         ("mlx-lm default_loss", theirs)):
             start = time.perf_counter()
             loss, tokens = fn(group)
             seconds = time.perf_counter() - start
@@ -106,6 +115,7 @@ def main() -> None:
     for name, values in rates.items():
         print(f"{name:>20}: median {statistics.median(values):.1f} tok/s")
     print(f"prefix speedup {statistics.median(rates['ours, shared prefix']) / statistics.median(rates['ours']):.2f}")
+    print(f"grammar loss speedup {statistics.median(rates['shared, grammar loss']) / statistics.median(rates['ours, shared prefix']):.2f}")
     print(f"speedup {statistics.median(rates['ours']) / statistics.median(rates['mlx-lm default_loss']):.2f}")
 
 

@@ -46,7 +46,7 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 
-| eval JSON | split | history | temperature | constrained | wins | win rate (95% CI) | format-valid replies | invalid words |
+| eval JSON | split | history | temperature | decoding | wins | win rate (95% CI) | format-valid replies | invalid words |
 |---|---|---|---:|---|---:|---:|---:|---:|
 {evals}
 """
@@ -159,7 +159,7 @@ def main() -> None:
             lo, hi = e["win_rate_ci95"]
             max_tokens = e.get("max_tokens_per_turn", max_tokens)
             lines.append(f"| `{path.name}` | {e['split']} | {e['history']} | {e['temperature']} "
-                         f"| {'yes' if e.get('constrain') else 'no'} | {e['wins']} / {e['games']} "
+                         f"| {e.get('decode') or ('words' if e.get('constrain') else 'free')} | {e['wins']} / {e['games']} "
                          f"| {100 * e['win_rate']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) "
                          f"| {100 * (1 - e['format_error_rate']):.1f}% | {100 * e['invalid_rate']:.1f}% |")
         (tmp / "README.md").write_text(README.format(adapter=args.adapter, out=args.out, evals="\n".join(lines),

@@ -29,14 +29,14 @@
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
 #   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
-#   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded constrained)
+#   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded words)
 #   STOP_AFTER=grpo scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
 R=logs/recipe-270m
 GAMES="${GAMES:-200}"
-EVALS="${EVALS:-greedy sampled seeded constrained}"
+EVALS="${EVALS:-greedy sampled seeded words}"
 SHIP=adapters/gemma-3-270m-wordle
 mkdir -p "$R"
 start=$(date +%s)
@@ -53,9 +53,9 @@ evaluate() {  # evaluate NAME ADAPTER|- KIND: one held-out setting for one playe
     greedy)      stage "eval-$name-greedy"      $W eval "${extra[@]}" --out "$R/eval_${name}_greedy.json" ;;
     sampled)     stage "eval-$name-sampled"     $W eval "${extra[@]}" --temperature 0.7 --seed 0 --out "$R/eval_${name}_t07.json" ;;
     seeded)      stage "eval-$name-seeded"      $W eval "${extra[@]}" --history seeded --out "$R/eval_${name}_seeded.json" ;;
-    # decoding limited to allowed words: an inference option, reported apart
-    constrained) stage "eval-$name-constrained" $W eval "${extra[@]}" --constrain --out "$R/eval_${name}_greedy_constrained.json" ;;
-    *) echo "unknown eval kind '$kind' in EVALS (greedy sampled seeded constrained)" >&2; exit 2 ;;
+    # letters limited to spell allowed words: an inference option, reported apart
+    words)       stage "eval-$name-words"       $W eval "${extra[@]}" --decode words --out "$R/eval_${name}_greedy_words.json" ;;
+    *) echo "unknown eval kind '$kind' in EVALS (greedy sampled seeded words)" >&2; exit 2 ;;
   esac
 }
 

@@ -39,12 +39,15 @@ def first_reply_a_word(base):
         def __call__(self, prompts, cfg, *args, **kwargs):
             out = super().__call__(prompts, cfg, *args, **kwargs)
             text = "<guess> c r a n e</guess>"
-            tokens = self.tokenizer.encode(text, add_special_tokens=False)
+            tokens, choice = self.tokenizer.encode(text, add_special_tokens=False), None
+            if self.grammar is not None:       # grammar decoding: the same reply, its letters marked as choices
+                from wordle_mlx.llm.reply_grammar import LETTERS
+                tokens, choice = self.grammar.reply([LETTERS.index(c) for c in "crane"])
             seen = set()
             for i, prompt in enumerate(prompts):
                 if tuple(prompt) not in seen:
                     seen.add(tuple(prompt))
-                    out[i] = Completion(tokens, [0.0] * len(tokens), text, "stop")
+                    out[i] = Completion(tokens, [0.0] * len(tokens), text, "stop", choice)
             return out
 
     return FirstReplyAWord

@@ -87,6 +87,7 @@ class RunLog:
     path: Path
     name: str | None = None
     config_hash: str | None = None
+    decode: str | None = None             # the run's decoding mode (GRPO runs record it)
     stage: str | None = None
     resumes: int = 0
     records: dict[str, list[dict]] = field(default_factory=lambda: {kind: [] for kind in STEP_KINDS})
@@ -125,6 +126,8 @@ class RunLog:
     def footnote(self) -> str:
         name = self.name or self.path.parent.name
         parts = [f"run {name}", f"config {self.config_hash or 'unknown'}"]
+        if self.decode:
+            parts.append(f"{self.decode} decoding")
         if self.resumes:
             parts.append(f"resumed {self.resumes}x")
         return "  |  ".join(parts + [str(self.path)])
@@ -145,6 +148,7 @@ def load_run(path: str | Path) -> RunLog:
         if kind == "run":
             log.name = log.name or _opt_str(record.get("run"))
             log.config_hash = _opt_str(record.get("config_hash")) or log.config_hash
+            log.decode = _opt_str(record.get("decode")) or log.decode
             log.stage = log.stage or _opt_str(record.get("stage"))
             resumed = record.get("resumed_from_step")
             if resumed is not None:
@@ -219,6 +223,8 @@ def series_from_eval(data: dict, label: str, where: str) -> Series:
     model = data.get("model") or "model?"
     adapter = data.get("adapter")
     note = f"{model} + {adapter}" if adapter else str(model)
+    if "decode" in data or "constrain" in data:     # eval JSONs say how replies were decoded
+        note += f", {data.get('decode') or ('words' if data.get('constrain') else 'free')} decoding"
     secrets = [g.get("secret") for g in records] if records else None
     if secrets is not None and not all(isinstance(x, str) for x in secrets):
         secrets = None

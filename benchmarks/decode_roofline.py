@@ -1,0 +1,109 @@
+"""Decoding letters-format replies in free and grammar mode at batch 1, 8, 32 and 64, beside the roofline.
+
+The shipped adapter replies greedily to the same letters-format boards (test words, 0-2 earlier guesses) at each
+batch size, in `free` decoding (mlx-lm's BatchGenerator: every step projects onto the 262k-token vocabulary and
+takes a log-softmax over it) and in `grammar` decoding (the tags forced, 5 letters picked on the 26 letter rows).
+The roofline is what the model's multiply-adds allow at the float32 matmul rate measured in the same run: the
+prompt tokens each call runs through the body, plus per decoded token the body and, in free decoding, the head
+(hidden x vocabulary), at that many GFLOP/s. Prints, per mode and batch, seconds, replies/s, decoded tokens/s
+and the roofline's replies/s; last line `grammar_speedup X.XX` at batch 32 (free seconds over grammar).
+Usage: python benchmarks/decode_roofline.py [--adapter adapters/gemma-3-270m-wordle] [--batches 1 8 32 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+
+
+def matmul_gflops(rows: int, inner: int, cols: int, repeats: int = 5) -> float:
+    """Measured float32 GFLOP/s of a (rows x inner) @ (inner x cols) product."""
+    import mlx.core as mx
+
+    a, b = mx.random.normal((rows, inner)), mx.random.normal((inner, cols))
+    mx.eval(a @ b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        mx.eval(a @ b)
+    return 2 * rows * inner * cols * repeats / (time.perf_counter() - start) / 1e9
+
+
+def linear_macs(module) -> int:
+    """Multiply-adds per token of every linear layer (LoRA's two factors included) under `module`."""
+    import mlx.nn as nn
+
+    total = 0
+    for _, m in module.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            total += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
+        elif isinstance(m, nn.Linear):
+            total += m.weight.size
+        if hasattr(m, "lora_a"):
+            total += m.lora_a.size + m.lora_b.size
+    return total
+
+
+def main() -> None:
+    reexec_with_openblas()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="builtin:gemma-3-270m")
+    ap.add_argument("--adapter", default=str(ROOT / "adapters" / "gemma-3-270m-wordle"))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    args = ap.parse_args()
+
+    from wordle_mlx.blas import describe_blas
+    from wordle_mlx.game.splits import split_words
+    from wordle_mlx.game.state import GameState
+    from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
+    from wordle_mlx.llm.logits import text_model
+    from wordle_mlx.llm.models import load_model
+    from wordle_mlx.llm.rollout import RolloutConfig, prompt_token_ids
+
+    model, tokenizer = load_model(args.model, adapter_path=args.adapter)
+    model.eval()
+    body = text_model(model).model
+    hidden, vocab = body.args.hidden_size, body.args.vocab_size
+    body_macs = sum(linear_macs(layer) for layer in body.layers)
+    head_macs = hidden * vocab
+    cfg = RolloutConfig().for_adapter(args.adapter)
+    openers = ["raise", "clout", "denim", "pygmy"]
+    words = split_words("test")
+    prompts = [prompt_token_ids(tokenizer, cfg, GameState(w, [o for o in openers[:i % 3] if o != w]))
+               for i, w in enumerate(words[:max(args.batches)])]
+    gflops = matmul_gflops(512, hidden, 4 * hidden)
+    print(f"{args.model} + {Path(args.adapter).name}, BLAS: {describe_blas()}")
+    print(f"per token: body {2 * body_macs / 1e6:.0f} MFLOP, head {2 * head_macs / 1e6:.0f} MFLOP "
+          f"(hidden {hidden} x vocabulary {vocab}); float32 matmul measured {gflops:.0f} GFLOP/s "
+          f"(512 x {hidden} x {4 * hidden})")
+    print(f"{'mode':8s} {'batch':>5s} {'seconds':>8s} {'replies/s':>10s} {'tokens/s':>9s} {'roofline replies/s':>19s}")
+    seconds = {}
+    greedy = SamplingConfig(temperature=0.0, max_tokens_per_turn=cfg.max_tokens_per_turn)
+    for mode in ("free", "grammar"):
+        generate = BatchedGenerator(model, tokenizer, mode=mode)
+        generate(prompts[:2], greedy)                      # first-call costs out of the way
+        for b in args.batches:
+            batch = prompts[:b]
+            before = generate.prefilled_tokens
+            start = time.perf_counter()
+            replies = generate(batch, greedy.model_copy(update={"completion_batch_size": max(b, 1)}))
+            s = time.perf_counter() - start
+            prefilled = generate.prefilled_tokens - before
+            decoded = sum(len(r.tokens) if r.choice is None else sum(r.choice) for r in replies)
+            flops = 2 * (prefilled * body_macs + decoded * body_macs + (decoded * head_macs if mode == "free" else
+                                                                          decoded * 26 * hidden))
+            roof = b / (flops / (gflops * 1e9))
+            seconds[(mode, b)] = s
+            print(f"{mode:8s} {b:5d} {s:8.2f} {b / s:10.2f} {decoded / s:9.1f} {roof:19.2f}")
+    if (("free", 32) in seconds) and (("grammar", 32) in seconds):
+        print(f"grammar_speedup {seconds[('free', 32)] / seconds[('grammar', 32)]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

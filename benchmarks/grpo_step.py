@@ -1,0 +1,83 @@
+"""One turn-mode GRPO step, rollout plus update, in free against grammar decoding.
+
+Runs the step `wordle-mlx train` runs with its default settings (turn mode, G replies per board sampled at
+temperature 1 plus the greedy reply, which the game goes on with and which joins its group; SGD at 0.02, the
+gradient clipped to 1) on the shipped adapter, for the same B boards of train words, once with `free` decoding
+and its full-vocabulary log-probs in the update, once with `grammar` decoding and the update's log-softmax over
+the 26 letters. Each mode starts from the shipped weights. Prints each mode's rollout and update seconds,
+replies and trained tokens; last line `step_speedup X.XX` (free step seconds over grammar).
+Usage: python benchmarks/grpo_step.py [--adapter adapters/gemma-3-270m-wordle] [--boards 4] [--generations 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+
+
+def main() -> None:
+    reexec_with_openblas()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="builtin:gemma-3-270m")
+    ap.add_argument("--adapter", default=str(ROOT / "adapters" / "gemma-3-270m-wordle"))
+    ap.add_argument("--boards", type=int, default=4)
+    ap.add_argument("--generations", type=int, default=8)
+    args = ap.parse_args()
+
+    import mlx.core as mx
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    from wordle_mlx.blas import describe_blas
+    from wordle_mlx.game.rewards import Rewards
+    from wordle_mlx.game.splits import split_words
+    from wordle_mlx.game.words import answers, guess_list
+    from wordle_mlx.llm import grpo_step
+    from wordle_mlx.llm.generation import BatchedGenerator
+    from wordle_mlx.llm.grpo_loss import LossSettings
+    from wordle_mlx.llm.rollout import GameSpec, RolloutConfig
+    from wordle_mlx.stages.grpo import letter_choices, load_policy
+    from wordle_mlx.stages.grpo_config import GRPOConfig
+
+    defaults = GRPOConfig(model={"name": args.model, "start_adapter": str(Path(args.adapter).resolve())})
+    model, tokenizer, _ = load_policy(defaults)      # trainable LoRA from the adapter, as the stage loads it
+    start = [(k, mx.array(v)) for k, v in tree_flatten(model.trainable_parameters())]
+    allowed = frozenset(guess_list())
+    boards = [GameSpec(w) for w in split_words("train")[:args.boards]]
+    rewards = Rewards(defaults.reward, answers(), mode="turn")
+    group = grpo_step.GroupSettings(args.generations, "greedy", True)
+    print(f"{args.model} + {Path(args.adapter).name}: one turn-mode step, {args.boards} boards x "
+          f"{args.generations} replies + the greedy one, BLAS: {describe_blas()}")
+    seconds = {}
+    for mode in ("free", "grammar"):
+        model.update(tree_unflatten(start))
+        cfg = RolloutConfig(temperature=1.0, seed=0, completion_batch_size=defaults.rl.completion_batch_size,
+                            decode=mode).for_adapter(args.adapter)
+        player = grpo_step.Player(model, tokenizer, BatchedGenerator(model, tokenizer, mode=mode, words=allowed))
+        mx.random.seed(0)
+        t0 = time.perf_counter()
+        rollout = grpo_step.rollout_turn_mode(player, boards, cfg, allowed, rewards, group)
+        t1 = time.perf_counter()
+        settings = grpo_step.UpdateSettings(
+            LossSettings(temperature=1.0, letters=letter_choices(tokenizer, mode, allowed)), "token",
+            defaults.grpo.advantage, defaults.training.max_grad_norm, defaults.training.max_tokens_per_microbatch,
+            defaults.training.max_loss_tokens_per_microbatch)
+        result = grpo_step.policy_update(model, optim.SGD(learning_rate=defaults.training.learning_rate),
+                                         rollout.items, settings)
+        t2 = time.perf_counter()
+        seconds[mode] = t2 - t0
+        print(f"{mode:8s} rollout {t1 - t0:6.1f} s ({len(rollout.replies)} replies, {rollout.tokens_generated} "
+              f"tokens)   update {t2 - t1:6.1f} s ({result.trained_tokens} trained tokens, applied "
+              f"{result.applied})   step {t2 - t0:6.1f} s")
+    print(f"step_speedup {seconds['free'] / seconds['grammar']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

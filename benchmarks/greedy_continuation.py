@@ -60,7 +60,7 @@ def main() -> None:
 
     model, tokenizer = load_model(args.model, args.adapter or None)
     prompt = choose_prompt(PromptConfig(), False, args.adapter or None)
-    cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=args.max_tokens, completion_batch_size=64,
+    cfg = RolloutConfig(decode="free", temperature=1.0, max_tokens_per_turn=args.max_tokens, completion_batch_size=64,
                         prompt=prompt)
     boards = [GameSpec(w) for w in split_words("train")[:args.boards]]
     allowed = frozenset(guess_list())

@@ -47,8 +47,9 @@ def grpo_config(root: Path, boards: int) -> dict:
     return {"model": {"name": MODEL, "dtype": "float32", "start_adapter": str(ADAPTER)},
             "training": {"steps": 1, "batch_prompts": boards, "learning_rate": 1e-5, "save_every": 0,
                          "max_tokens_per_microbatch": 2048, "max_loss_tokens_per_microbatch": 256},
+            # free decoding: what the planner models (grammar decoding keeps 26-entry logit rows, far less)
             "rl": {"mode": "turn", "num_generations": 4, "max_completion_tokens": 16,
-                   "completion_batch_size": 64, "prompt": PROMPT},
+                   "completion_batch_size": 64, "prompt": PROMPT, "decode": "free"},
             "prompts": {"k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]}, "game_eval": {"every": 0},
             "logs_dir": str(root / "logs"), "run_name": f"grpo-b{boards}", "progress": False}
 

@@ -78,7 +78,7 @@ def main() -> int:
     optimizer = optim.AdamW(learning_rate=1e-3)
     solver, train, allowed = Solver(load_table(show_progress=False)), split_words("train"), frozenset(guess_list())
     rewards = Rewards(RewardWeights(length=0.02, early=1.2), answers())
-    rcfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=args.max_tokens, max_invalid_replies=2,
+    rcfg = RolloutConfig(decode="free", temperature=1.0, max_tokens_per_turn=args.max_tokens, max_invalid_replies=2,
                          prompt=PromptConfig(require_think=False))
     settings = UpdateSettings(LossSettings(temperature=1.0))
     generate = BatchedGenerator(model, tok)

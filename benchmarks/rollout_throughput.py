@@ -57,7 +57,7 @@ def main() -> None:
     from wordle_mlx.llm.rollout import GameSpec, RolloutConfig, play_games
 
     model, tokenizer = load_model(args.model)
-    cfg = RolloutConfig(temperature=0.0, max_tokens_per_turn=args.max_tokens, max_turns=args.turns,
+    cfg = RolloutConfig(decode="free", temperature=0.0, max_tokens_per_turn=args.max_tokens, max_turns=args.turns,
                         reuse_prefix=not args.no_prefix_reuse)
     games = [GameSpec(w) for w in split_words("test")[: args.games]]
     allowed = frozenset(guess_list())

@@ -15,8 +15,11 @@ share that cache read-only too: mlx-lm copies caches when it merges them into a 
 Log-prob convention: see `policy_logprob_temperature`. Sampling at a temperature with no top-p/top-k/
 min-p filter uses `inverse_cdf_sampler` on CPU: the same categorical distribution as mlx-lm's sampler
 (a cumulative sum in float64 and one MLX-seeded uniform per row), cheaper over Gemma's 262k-token
-vocabulary, where MLX draws noise for every entry (1.50x at 64 rows: `benchmarks/sampler.py`). Any callable
-with the `GenerateFn` signature can stand in for the model (tests use scripted ones).
+vocabulary, where MLX draws noise for every entry (1.50x at 64 rows: `benchmarks/sampler.py`). With
+`mode="grammar"` or `"words"` (reply_grammar.py) BatchGenerator is not used: the letters-format reply's tags are
+forced and its 5 letters are picked on the 26 letter rows by `letter_decoder.decode_letters`; a `Completion` then
+marks which tokens were chosen (`choice`) and gives forced tokens log-prob 0. Any callable with the `GenerateFn`
+signature can stand in for the model (tests use scripted ones).
 """
 
 from __future__ import annotations

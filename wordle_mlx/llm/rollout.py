@@ -3,7 +3,8 @@
 `play_games(model, tokenizer, games, cfg, allowed_words)` starts every game from its seeded board
 (`GameSpec.seeded_guesses`, possibly empty). Each turn, the prompt of every unfinished game (the
 tokenizer's chat template over `prompts.build_messages`, generation prompt added) is sent in ONE call
-to the generation backend (`generation.BatchedGenerator`, i.e. one mlx-lm `BatchGenerator` run; see
+to the generation backend (`generation.BatchedGenerator` in the config's `decode` mode: one mlx-lm
+`BatchGenerator` run in free decoding, the lockstep letter decoder in grammar and words decoding; see
 generation.py for stopping rules, KV-prefix reuse and the log-prob convention `policy_logprob_temperature`).
 Each reply is parsed (`prompts.parse_reply`) and recorded as an `episode.Turn`. A well-formed allowed
 word is played (repeats are played and flagged `repeated`); any other reply is invalid: it is counted,

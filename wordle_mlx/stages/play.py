@@ -89,7 +89,8 @@ class Hints:
             self._loaded = load_model(self.cfg.model, adapter_path=self.cfg.adapter, dtype=self.cfg.dtype)
         model, tokenizer = self._loaded
         greedy = self.cfg.rollout.model_copy(update={"temperature": 0.0})
-        reply = sample_replies(model, tokenizer, [prompt_token_ids(tokenizer, greedy, state)], 1, greedy)[0][0]
+        reply = sample_replies(model, tokenizer, [prompt_token_ids(tokenizer, greedy, state)], 1, greedy,
+                               words=self.allowed)[0][0]
         parsed = parse_reply(reply.text, greedy.prompt.require_think, self.allowed)
         return parsed.guess.upper() if parsed.error is None else f"(no valid guess: {error_message(parsed.error, parsed.guess)})"
 

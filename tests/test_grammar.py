@@ -123,12 +123,12 @@ class ShapeAndModesTest(unittest.TestCase):
 class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
     """Rollout, update and SFT loss against the full model's masked, renormalised log-softmax (float32)."""
 
-    def check_model(self, spec: str, n_prompts: int, tol: float = 1e-5):
+    def check_model(self, spec: str, n_prompts: int, temperatures=(0.0, 0.7, 1.0), tol: float = 1e-5):
         model, tok = lora_policy(spec)
         g = grammar_of(tok)
         prompts = prompts_for(tok, n_prompts)
         for mode in ("grammar", "words"):
-            for temperature in (0.0, 0.7, 1.0):
+            for temperature in temperatures:
                 generate = BatchedGenerator(model, tok, mode=mode, words=WORDS)
                 cfg = SamplingConfig(temperature=temperature, seed=3, completion_batch_size=5)
                 mx.random.seed(3)
@@ -188,7 +188,7 @@ class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
         # the shipped adapter's policy; its logits reach about 60, whose float32 rounding through 18 blocks is
         # about 1e-5 (measured here: at most 8e-6 at T = 1, with OpenBLAS, which rounds a one-row product
         # differently from the full sequence's)
-        self.check_model("builtin:gemma-3-270m", 3)
+        self.check_model("builtin:gemma-3-270m", 2, temperatures=(0.0, 0.7))
 
 
 class MacDtypesTest(unittest.TestCase):
@@ -223,7 +223,8 @@ class WordsModeFuzzTest(unittest.TestCase):
         rng = random.Random(0)
         for spec, seed in (("builtin:tiny-random", 1), ("builtin:tiny-random", 2), ("builtin:gemma-3-270m", 3)):
             model, tok = lora_policy(spec, seed=seed)
-            specs = [GameSpec(rng.choice(answers()), rng.sample(WORDS, rng.randint(0, 4))) for _ in range(12)]
+            n = 6 if spec == "builtin:gemma-3-270m" else 12
+            specs = [GameSpec(rng.choice(answers()), rng.sample(WORDS, rng.randint(0, 4))) for _ in range(n)]
             specs = [s for s in specs if s.secret not in s.seeded_guesses]
             for temperature in (0.0, 2.0):
                 cfg = RolloutConfig(decode="words", temperature=temperature, seed=seed, max_turns=2)

@@ -18,7 +18,7 @@ from wordle_mlx.errors import UserError
 from wordle_mlx.game.state import GameState
 from wordle_mlx.game.words import answers, guess_list
 from wordle_mlx.llm import lora
-from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig, end_token_ids, reply_end_id
+from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
 from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_batch,
                                       pack_shared_batch, selected_logprobs)
 from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
@@ -38,7 +38,7 @@ BOARDS = [[], ["slate"], ["brine", "stomp"], ["crane", "pious", "dumpy"]]
 
 
 def grammar_of(tokenizer) -> LetterGrammar:
-    return LetterGrammar(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer)))
+    return LetterGrammar.for_tokenizer(tokenizer)
 
 
 SHIPPED = str(Path(__file__).resolve().parents[1] / "adapters" / "gemma-3-270m-wordle")

@@ -95,7 +95,8 @@ def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int
 def _decode_chunk(model, grammar, prompts, rows, shared, prefix_kv, rows_w, pick, letters, logprobs) -> int:
     """Decode one chunk of rows (see decode_letters); returns the prompt tokens it ran."""
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
-    which = mx.array([distinct.index(tuple(p)) for p in prompts])
+    row_prompt = [distinct.index(tuple(p)) for p in prompts]      # each row's distinct prompt
+    which = mx.array(row_prompt)
     lengths = [len(p) - shared for p in distinct]
     width = max(lengths)
     rest = np.zeros((len(distinct), width), dtype=np.int32)
@@ -112,7 +113,7 @@ def _decode_chunk(model, grammar, prompts, rows, shared, prefix_kv, rows_w, pick
             pk, pv = prefix_kv[i]
             parts.insert(0, (mx.broadcast_to(pk, (b,) + pk.shape[1:]), mx.broadcast_to(pv, (b,) + pv.shape[1:])))
         past.append(parts)
-    n = np.array([lengths[distinct.index(tuple(p))] for p in prompts])
+    n = np.array([lengths[j] for j in row_prompt])
     key_pos = np.concatenate([np.tile(np.arange(shared), (b, 1)),
                               np.where(np.arange(width)[None] < n[:, None], shared + np.arange(width)[None], -1)],
                              axis=1).astype(np.int32)

@@ -88,9 +88,12 @@ class LetterGrammar:
         tokens += self.close + [self.end]
         return tokens, choice + [0] * (len(self.close) + 1)
 
-    def word(self, tokens) -> str:
-        """The letters of the letter tokens in `tokens`, in order."""
-        return "".join(LETTERS[self.index_of[int(t)]] for t in tokens if int(t) in self.index_of)
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> "LetterGrammar":
+        """The grammar of `tokenizer`'s replies, ended by its reply end token (`<end_of_turn>` for Gemma)."""
+        from .generation import end_token_ids, reply_end_id
+
+        return cls(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer)))
 
 
 def prefix_trie(words: Collection[str]) -> dict[str, frozenset[str]]:

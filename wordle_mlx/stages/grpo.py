@@ -65,10 +65,7 @@ def letter_choices(tokenizer, mode: str, allowed) -> LetterChoices | None:
     """What the update needs to score grammar or words decoding's letter choices (None in free decoding)."""
     if mode == "free":
         return None
-    from ..llm.generation import end_token_ids, reply_end_id
-
-    grammar = LetterGrammar(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer)))
-    return LetterChoices(grammar, prefix_trie(allowed) if mode == "words" else None)
+    return LetterChoices(LetterGrammar.for_tokenizer(tokenizer), prefix_trie(allowed) if mode == "words" else None)
 
 
 def step_seed(base: int, step: int, round_: int = 0) -> int:

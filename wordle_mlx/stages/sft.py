@@ -129,13 +129,12 @@ def grammar_letter_ids(cfg: SFTConfig, tokenizer, prompt_cfg: PromptConfig, seqs
     has exactly 5 letter tokens."""
     if not cfg.grammar_loss:
         return None
-    from ..llm.generation import end_token_ids, reply_end_id
     from ..llm.reply_grammar import LetterGrammar, grammar_applies
 
     if not grammar_applies(prompt_cfg):
         raise UserError(f"grammar_loss: needs data in guess_format 'letters' without a think block, not "
                         f"guess_format {prompt_cfg.guess_format!r} with require_think {prompt_cfg.require_think}")
-    ids = LetterGrammar(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer))).letter_ids
+    ids = LetterGrammar.for_tokenizer(tokenizer).letter_ids
     letters = set(ids)
     for i, (tokens, prompt_length) in enumerate(seqs, start=1):
         n = sum(t in letters for t in tokens[prompt_length:])

@@ -23,8 +23,8 @@
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume). Ctrl-C or SIGTERM
 # (a shutdown) stops a training stage after its current step with a checkpoint and a non-zero exit, which
 # ends this script; a crash or a power cut costs at most the steps since the last checkpoint. To start over:
-# rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m logs/grpo-fit-270m data/choice \
-#   logs/sft-choice*-270m logs/grpo-choice5-270m data/choice2 data/choice2-cover5c4 logs/sft-cover-270m \
+# rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m data/choice \
+#   logs/sft-choice*-270m data/choice2 data/choice2-cover5c4 logs/sft-cover-270m \
 #   logs/grpo-cover-270m
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
@@ -63,38 +63,36 @@ stage setup   make setup
 stage model   $W model import builtin:gemma-3-270m
 stage entropy $W entropy --top 5
 stage data    $W data --config config/recipe-270m/data.json
-# SFT 1: 30 minutes on the broad data (boards seeded with 0-4 earlier guesses of several kinds).
+# SFT 1 on the broad data (boards seeded with 0-4 earlier guesses of several kinds); every SFT pass trains the
+# reply's 5 letters as choices among the 26 (grammar_loss), the policy grammar decoding plays.
 stage sft     train_or_resume logs/sft-270m $W sft --config config/recipe-270m/sft.json
-# SFT 2 (focus): starts from SFT 1's adapter, on data that adds every board of the teacher's games from the
-# empty board over the train secrets (3 copies each) to 1,500 broad examples.
+# SFT 2 (focus): from SFT 1's adapter, on data that adds every board of the teacher's games from the empty board
+# over the train secrets (3 copies each) to 1,500 broad examples. From here on only the last 6 blocks' LoRA trains.
 stage data-focus $W data --config config/recipe-270m/data-focus.json
 stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/recipe-270m/sft-focus.json
-# SFT 3 (fit): starts from SFT 2's adapter at lr 3e-5 (1e-4 is past the edge of stability: docs/RESULTS.md,
-# the lr experiments), on the teacher's boards only, each as often as the train games pass through it, capped at 16.
+# SFT 3 (fit): from SFT 2's adapter at lr 3e-5, on the teacher's boards only, each as often as the train games
+# pass through it, capped at 16.
 stage data-fit   $W data --config config/recipe-270m/data-fit.json
 stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/recipe-270m/sft-fit.json
-stage grpo       train_or_resume logs/grpo-fit-270m $W train --config config/recipe-270m/grpo-fit.json
-# The self-play round: the GRPO-fit adapter plays every train secret from the empty board; each
-# board it reaches is labelled with the answer that fits the clues which the model itself scores highest.
+# The self-play round: the fit adapter plays every train secret from the empty board; each board it reaches is
+# labelled with the answer that fits the clues which the model itself scores highest.
 stage choice     $W data self-play --config config/recipe-270m/self-play.json --no-progress
-# SFT on that data from the GRPO-fit adapter (lr 3e-5), then four more passes at a constant 1.5e-5, each from
-# the one before with a new shuffle seed: greedy play went 21 -> 27 -> 31 -> 43 -> 49 / 200 over them.
+# SFT on that data from the fit adapter (lr 3e-5), then three more passes at a constant 1.5e-5, each from the
+# one before with a new shuffle seed.
 stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/recipe-270m/sft-choice.json
-# The four passes share config/recipe-270m/sft-choice-more.json; each gets its seed, run name and start adapter
-# here (pass 2 is half as long, with a checkpoint every 20 steps).
+# The passes share config/recipe-270m/sft-choice-more.json; each gets its seed, run name and start adapter here
+# (pass 2 is half as long, with a checkpoint every 20 steps).
 more=()      # the passes' flags, also recorded by the ship stage
-for n in 2 3 4 5; do
+for n in 2 3 4; do
   prev=sft-choice$([ $n -gt 2 ] && echo $((n - 1)))-270m
   if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
   flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --start-adapter logs/$prev/adapters "${size[@]}")
   more+=("${flags[*]}")
   stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json "${flags[@]}"
 done
-# GRPO at a learning rate that cannot break the policy (lr 5e-5 did, in 10 steps: docs/RESULTS.md).
-stage grpo-choice train_or_resume logs/grpo-choice5-270m $W train --config config/recipe-270m/grpo-choice.json
-# Part 3, the coverage round: a second self-play round from that adapter; every answer
-# that fits some tight board of it (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT
-# pass on it that trains only the last 6 of 18 blocks (SFT-only: 73 / 200), then GRPO with plain SGD (65 / 200).
+# The coverage round: a second self-play round from that adapter; every answer that fits some tight board of it
+# (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it, then GRPO with
+# plain SGD, playing full games on from the greedy reply.
 stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress
 stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress
 stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/recipe-270m/sft-cover.json
@@ -104,9 +102,7 @@ evaluate base - greedy
 evaluate sft1 logs/sft-270m/adapters greedy
 evaluate sft2 logs/sft-focus-270m/adapters greedy
 evaluate fit logs/sft-fit-270m/adapters greedy
-evaluate grpofit logs/grpo-fit-270m/adapters greedy
-evaluate sftchoice logs/sft-choice5-270m/adapters greedy
-evaluate grpochoice logs/grpo-choice5-270m/adapters greedy
+evaluate sftchoice logs/sft-choice4-270m/adapters greedy
 for kind in $EVALS; do       # every player's greedy eval first, then the next setting
   evaluate sftcover  logs/sft-cover-270m/adapters "$kind"
   evaluate grpocover logs/grpo-cover-270m/adapters "$kind"
@@ -118,9 +114,8 @@ stage plots bash -c "
   $W plot --file logs/sft-cover-270m/metrics.jsonl --out $R/plots/sft &&
   $W plot --file logs/grpo-cover-270m/metrics.jsonl --out $R/plots/grpo &&
   $W plot --compare $R/eval_base_greedy.json $R/eval_sft1_greedy.json $R/eval_sft2_greedy.json \
-      $R/eval_fit_greedy.json $R/eval_grpofit_greedy.json $R/eval_sftchoice_greedy.json \
-      $R/eval_grpochoice_greedy.json $R/eval_sftcover_greedy.json $R/eval_grpocover_greedy.json \
-      --labels base sft-1 sft-2 sft-fit grpo-fit sft-choice sft-choice+grpo sft-cover sft-cover+grpo \
+      $R/eval_fit_greedy.json $R/eval_sftchoice_greedy.json $R/eval_sftcover_greedy.json $R/eval_grpocover_greedy.json \
+      --labels base sft-1 sft-2 sft-fit sft-choice sft-cover sft-cover+grpo \
       --with-baselines --out $R/plots/compare"
 
 ship_evals=()
@@ -132,7 +127,6 @@ sft_configs+=(--sft-config config/recipe-270m/sft-cover.json)
 stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/grpo-cover-270m/adapters --out "$SHIP" \
   --data-config config/recipe-270m/data.json --data-config config/recipe-270m/data-focus.json --data-config config/recipe-270m/data-fit.json \
   --choice-config config/recipe-270m/self-play.json --choice-config config/recipe-270m/self-play-2.json "${sft_configs[@]}" \
-  --grpo-config config/recipe-270m/grpo-fit.json --grpo-config config/recipe-270m/grpo-choice.json \
   --grpo-config config/recipe-270m/grpo-cover.json \
   "${ship_evals[@]}"
 

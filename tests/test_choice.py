@@ -19,8 +19,9 @@ from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import is_consistent
 from wordle_mlx.game.solver import Solver
 from wordle_mlx.game.splits import split_answers
-from wordle_mlx.llm.candidate_scores import reply_logprobs, reply_token_ids
+from wordle_mlx.llm.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
 from wordle_mlx.llm.prompts import PromptConfig
+from wordle_mlx.llm.reply_grammar import LETTERS, LetterGrammar
 from wordle_mlx.stages import choice, data
 from wordle_mlx.stages.entropy import load_table
 
@@ -71,6 +72,34 @@ class ReplyLogprobsTest(unittest.TestCase):
             reply_logprobs(self.model, self.prompt[:1], [[5]])
 
 
+def grammar_logprob(model, grammar, prompt_ids: list[int], word: str) -> float:
+    """Oracle for grammar scoring: the whole reply through the model once, and at each letter the full
+    log-softmax masked to the 26 letter tokens and renormalised; forced tokens add nothing."""
+    tokens, is_letter = grammar.reply([LETTERS.index(c) for c in word])
+    logits = np.array(model(mx.array([prompt_ids + tokens]))[0].astype(mx.float32), dtype=np.float64)
+    letters = logits[:, grammar.letter_ids]
+    logp = letters - np.log(np.exp(letters - letters.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - letters.max(-1, keepdims=True)
+    return float(sum(logp[len(prompt_ids) - 1 + t, grammar.index_of[tok]]
+                     for t, (tok, c) in enumerate(zip(tokens, is_letter)) if c))
+
+
+class LetterLogprobsTest(unittest.TestCase):
+    def test_letter_scores_equal_the_full_model_renormalised_over_the_letters(self):
+        model, tok = tiny()
+        grammar = LetterGrammar.for_tokenizer(tok)
+        messages = [{"role": "system", "content": "Wordle"}, {"role": "user", "content": "Pattern: _ a _ _ _"}]
+        prompt = [int(t) for t in tok.apply_chat_template(messages, add_generation_prompt=True)]
+        words = ["crane", "water", "slate", "zzzzz", "crate"]
+        got = letter_logprobs(model, prompt, words, grammar, chunk=2)          # three chunks
+        want = [grammar_logprob(model, grammar, prompt, w) for w in words]
+        # 5 float32 log-softmax terms of magnitude about 3: a few float32 ulps of the sum
+        np.testing.assert_allclose(got, want, rtol=0, atol=160 * np.finfo(np.float32).eps)
+        self.assertTrue(np.all(got < 0))
+        with self.assertRaisesRegex(ValueError, "5 lowercase letters"):
+            letter_logprobs(model, prompt, ["cran"], grammar)
+
+
 class ChoiceLabelTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -94,6 +123,20 @@ class ChoiceLabelTest(unittest.TestCase):
                   for w in cands}
         self.assertAlmostEqual(logprob, scores[word], delta=1e-3)
         self.assertGreaterEqual(logprob, max(scores.values()) - 1e-3)
+
+    def test_grammar_labels_are_the_best_candidate_by_letter_scores(self):
+        secret = split_answers()["train"][5]
+        history = [(g, feedback(g, secret)) for g in ("slate", "crony")]
+        grammar = LetterGrammar.for_tokenizer(self.tok)
+        labeler = choice.ChoiceLabeler(self.model, self.tok, self.solver, PROMPT, chunk=16, grammar=grammar)
+        word, n, logprob = labeler.label(history)
+        cands = [self.solver.table.answers[c] for c in self.solver.candidate_columns(history)]
+        messages = labeler.messages(history)
+        prompt = [int(t) for t in self.tok.apply_chat_template(messages, add_generation_prompt=True)]
+        scores = {w: grammar_logprob(self.model, grammar, prompt, w) for w in cands}
+        self.assertEqual(n, len(cands))
+        self.assertAlmostEqual(logprob, scores[word], delta=1e-4)
+        self.assertGreaterEqual(logprob, max(scores.values()) - 1e-4)
 
     def test_one_candidate_is_its_own_label_without_scoring(self):
         secret = split_answers()["train"][7]
@@ -161,6 +204,7 @@ class ChoiceRunTest(unittest.TestCase):
                 for r in records:
                     self.assertIsNone(data.replay_problem(r, check, allowed, split, split_sets))
             self.assertEqual(result["valid"]["games"], 2)
+            self.assertEqual(result["decode"], "grammar")     # the default for a letters prompt
 
     def test_a_think_prompt_is_a_user_error(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -64,8 +64,7 @@ class ShippedConfigTest(unittest.TestCase):
 
     def test_pipeline_paths_chain(self):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
-        chains = [(RECIPE / "sft-fit", RECIPE / "grpo-fit", RECIPE / "data-fit"),
-                  (RECIPE / "sft-cover", RECIPE / "grpo-cover", None),
+        chains = [(RECIPE / "sft-cover", RECIPE / "grpo-cover", None),
                   (DEMO / "sft", DEMO / "grpo", DEMO / "data")]
         for sft_name, grpo_name, data_name in chains:
             with self.subTest(sft=sft_name.name):
@@ -85,14 +84,14 @@ class ShippedConfigTest(unittest.TestCase):
                 self.assertEqual(resolve_path(later, later.data).resolve(), resolve_path(data, data.out).resolve())
 
     def test_choice_round_chains(self):
-        """The self-choice round labels boards with the GRPO-fit adapter's choices, and its SFT stages train on
-        that data, the first from the same adapter and each later pass from the one before: grpo-fit ->
-        self-play -> sft-choice -> sft-choice2 (sft-choice-more.json) -> the script's passes 3..5 (the same file
-        with flags) -> grpo-choice."""
-        grpo = load_config(RECIPE / "grpo-fit.json", GRPOConfig)
+        """The self-choice round labels boards with the fit adapter's choices, and its SFT stages train on that
+        data, the first from the same adapter and each later pass from the one before: sft-fit -> self-play ->
+        sft-choice -> sft-choice2 (sft-choice-more.json) -> the script's passes 3 and 4 (the same file with
+        flags)."""
+        fit = load_config(RECIPE / "sft-fit.json", SFTConfig)
         choice = load_config(RECIPE / "self-play.json", ChoiceConfig)
-        self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapters_of(grpo))
-        adapter = adapters_of(grpo)
+        self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapters_of(fit))
+        adapter = adapters_of(fit)
         for name in ("sft-choice", "sft-choice-more"):
             with self.subTest(sft=name):
                 sft = load_config(RECIPE / f"{name}.json", SFTConfig)
@@ -101,19 +100,16 @@ class ShippedConfigTest(unittest.TestCase):
                 adapter = adapters_of(sft)
         self.assertEqual(adapter.parent.name, "sft-choice2-270m")
         script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
-        self.assertIn("for n in 2 3 4 5; do", script)
+        self.assertIn("for n in 2 3 4; do", script)
         self.assertIn("--run-name sft-choice$n-270m --start-adapter logs/$prev/adapters", script)
         self.assertIn("sft --config config/recipe-270m/sft-choice-more.json", script)
-        last = load_config(RECIPE / "grpo-choice.json", GRPOConfig)
-        self.assertEqual(resolve_path(last, last.model.start_adapter).resolve(),
-                         adapters_of(sft).parent.parent / "sft-choice5-270m" / "adapters")
 
     def test_coverage_round_chains(self):
-        """Part 3 of the recipe: the second choice round plays the GRPO-choice adapter, the script's `cover` line
-        reads its folder and writes the one the SFT stage trains on, from the same adapter:
-        grpo-choice -> choice2 -> cover -> sft-cover (-> grpo-cover, checked above)."""
-        grpo = load_config(RECIPE / "grpo-choice.json", GRPOConfig)
-        adapter = resolve_path(grpo, grpo.logs_dir).resolve() / grpo.run_name / "adapters"
+        """The coverage round: the second choice round plays the last self-choice pass's adapter, the script's
+        `cover` line reads its folder and writes the one the SFT stage trains on, from the same adapter:
+        sft-choice4 -> choice2 -> cover -> sft-cover (-> grpo-cover, checked above)."""
+        more = load_config(RECIPE / "sft-choice-more.json", SFTConfig)
+        adapter = resolve_path(more, more.logs_dir).resolve() / "sft-choice4-270m" / "adapters"
         choice = load_config(RECIPE / "self-play-2.json", ChoiceConfig)
         self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
         script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()

@@ -7,8 +7,10 @@ log p(token | prompt, earlier reply tokens) under `model`, computed with the pro
 reply attending to its keys and values (`logits.shared_prefix_logits`, Gemma 3 text models), in chunks so
 that the (tokens x 262k) logits stay small. Tokens that every reply starts with (the `<guess>` tag) have the
 same context in every row, so they are scored once and added to each sum. Replies may differ in length;
-padding is never scored. No gradient graph is built. `wordle-mlx data self-play` uses it to label a board with the fitting word the model
-already likes best.
+padding is never scored. No gradient graph is built. `letter_logprobs(model, prompt_ids, words, grammar)` is
+the same score under grammar decoding's policy: only the 5 letters of a letters-format reply, each a choice among
+the 26 letter tokens (their rows of the output projection, never the full vocabulary); the forced tags add 0.
+`wordle-mlx data self-play` uses them to label a board with the fitting word the model already likes best.
 """
 
 from __future__ import annotations
@@ -58,6 +60,36 @@ def reply_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[
         row = np.repeat(np.arange(len(part)), [len(ts) for ts in scored])
         out[start:start + len(part)] = np.bincount(row, weights=token_lp, minlength=len(part)) + common
     out[0] -= common                      # row 0 scored its shared tokens itself
+    return out
+
+
+def letter_logprobs(model, prompt_ids: Sequence[int], words: Sequence[str], grammar, chunk: int = 32) -> np.ndarray:
+    """(len(words),) float64: the log-probability of each word as a letters reply under grammar decoding (the
+    full model's distribution at each letter renormalised over the 26 letters of `grammar`, a `LetterGrammar`;
+    forced tokens score 0), teacher-forced. The prompt and the opening tag run once for every word."""
+    import mlx.core as mx
+
+    from .logits import shared_prefix_logits
+    from .reply_grammar import LETTERS
+
+    if any(len(w) != 5 or not set(w) <= set(LETTERS) for w in words):
+        raise ValueError("every word needs 5 lowercase letters")
+    head = [int(t) for t in prompt_ids] + list(grammar.open)
+    prefix, last = mx.array(head[:-1]), head[-1]
+    step = len(grammar.sep) + 1                      # tokens a letter takes: the forced separator, then the letter
+    letter_ids = mx.array(grammar.letter_ids)
+    out = np.zeros(len(words), dtype=np.float64)
+    for start in range(0, len(words), chunk):
+        part = words[start:start + chunk]
+        index = np.array([[LETTERS.index(c) for c in w] for w in part], dtype=np.int32)
+        tokens = [[t for i in row for t in grammar.sep + [grammar.letter_ids[i]]] for row in index]
+        inputs = mx.array([[last] + r[:-1] for r in tokens])
+        width = 5 * step
+        positions = mx.array([j * width + k * step + step - 1 for j in range(len(part)) for k in range(5)])
+        logits = shared_prefix_logits(model, prefix, inputs, positions, letter_ids).astype(mx.float32)
+        picked = mx.take_along_axis(logits, mx.array(index.reshape(-1))[:, None], axis=-1)[:, 0]
+        lp = np.array(picked - mx.logsumexp(logits, axis=-1), dtype=np.float64)
+        out[start:start + len(part)] = lp.reshape(len(part), 5).sum(axis=1)
     return out
 
 

@@ -1,10 +1,10 @@
 """Package a trained LoRA adapter for the repository: adapter files, the configs that made it, its data seed
 and its eval JSON, in one folder (written to a temp folder, then renamed into place).
 
-    python3 scripts/ship_adapter.py --adapter logs/grpo-fit-270m/adapters --out adapters/gemma-3-270m-wordle \
+    python3 scripts/ship_adapter.py --adapter logs/grpo-cover-270m/adapters --out adapters/gemma-3-270m-wordle \
         --data-config config/recipe-270m/data.json --sft-config config/recipe-270m/sft.json \
         --sft-config "config/recipe-270m/sft-choice-more.json --seed 1 --run-name sft-choice2-270m" \
-        --grpo-config config/recipe-270m/grpo-fit.json --eval logs/recipe-270m/eval_grpo_greedy.json
+        --grpo-config config/recipe-270m/grpo-cover.json --eval logs/recipe-270m/eval_grpocover_greedy.json
 
 An `--sft-config` may carry the `wordle-mlx sft` flags the recipe passed with it (--seed, --run-name,
 --start-adapter, --steps, --save-every): the recipe folder then records the config with them applied.

@@ -1,23 +1,15 @@
 #!/usr/bin/env bash
-# The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> SFT -> GRPO -> a self-choice
-# round -> more SFT -> GRPO -> a second self-choice round with answer coverage -> one SFT pass -> GRPO -> eval ->
-# plots -> the shipped adapter in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only) and replies
-# spell the guess in letters with no think block (config/recipe-270m/data.json).
+# The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> three SFT passes on the entropy
+# solver's games -> a self-choice round (the model labels each board it reaches with the fitting answer it scores
+# highest) -> four SFT passes on it -> a second self-choice round with answer coverage -> one SFT pass -> GRPO ->
+# evals -> plots -> the adapter packaged in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only)
+# and replies spell the guess in letters with no think block (config/recipe-270m/data.json).
 #
-# Budget, measured here (docs/RESULTS.md), in three parts:
-# - Part 1, the teacher chain (STOP_AFTER=grpo): data 3.4 + 3.3 + 2.6 min, SFT 1 29 min (180 steps), SFT 2
-#   (focus) 52 min (270 steps), SFT 3 (fit) 49 min (260 steps), GRPO 17 min (12 steps): about 2 h 40 min. Its
-#   adapter wins 16 / 200 test games greedily (8.0%).
-# - Part 2, the self-choice chain (STOP_AFTER=grpo-choice): the choice stage 20 min, then SFT on its data for
-#   240 + 120 + 240 + 240 + 240 steps (31 + 23 + 30 + 34 + 30 min) and GRPO 14 min (8 steps of 8 boards at lr
-#   1e-5): about 3 h. Its adapter (the shipped one before part 3 existed) wins 45 / 200 (22.5%); its last SFT alone 49.
-# - Part 3, the coverage round (STOP_AFTER=grpo-cover): a second choice round 13 min (alone), coverage 1 s, one
-#   SFT pass of 240 steps on the last 6 blocks 28 min (alone), GRPO with plain SGD 24-32 min (8 steps): about 1 h 5 min.
-#   SFT-only: 73 / 200 (36.5%); SFT+GRPO, the shipped adapter: 65 / 200 (32.5%). A rerun from part 2's
-#   adapter gave data and adapters byte-identical to the earlier runs.
-# Together about 6 h 45 min of training, plus 200-game evals of 3.5-14 min each: about 1 h for the nine greedy ones
-# (EVALS=greedy), about 1 h 50 min for all fifteen. This is over the 3 hours we aimed for; on this CPU the
-# self-choice and coverage passes are what moved greedy play (RESULTS.md).
+# Budget: about 3 hours of training on 2 cores, plus the evals (every stage's time and wins: docs/RESULTS.md).
+# What makes it fit: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
+# (grammar_loss: no 262k-entry softmax), every pass after the first trains only the last 6 blocks' LoRA (the
+# backward pass stops there), self-play scores candidates on the 26 letter rows, and GRPO and the evals decode
+# in grammar mode.
 #
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume). Ctrl-C or SIGTERM

@@ -24,6 +24,7 @@
 #   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded words)
 #   STOP_AFTER=grpo scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
 set -euo pipefail
+trap 'echo "recipe stopped: line $LINENO exited with status $?" >&2' ERR
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
 R=logs/recipe-270m
@@ -76,7 +77,7 @@ stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/rec
 # (pass 2 is half as long, with a checkpoint every 20 steps).
 more=()      # the passes' flags, also recorded by the ship stage
 for n in 2 3 4; do
-  prev=sft-choice$([ $n -gt 2 ] && echo $((n - 1)))-270m
+  if [ $n = 2 ]; then prev=sft-choice-270m; else prev=sft-choice$((n - 1))-270m; fi
   if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
   flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --start-adapter logs/$prev/adapters "${size[@]}")
   more+=("${flags[*]}")

@@ -22,12 +22,13 @@
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
 #   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
 #   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded words)
-#   STOP_AFTER=grpo scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
+#   STOP_AFTER=sft-fit scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
+#   DRY_RUN=1 scripts/train_270m_cpu.sh        # print the stages still to run and their commands
 set -euo pipefail
 trap 'echo "recipe stopped: line $LINENO exited with status $?" >&2' ERR
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
-R=logs/recipe-270m
+R="${R:-logs/recipe-270m}"   # the stage markers (<stage>.done, holding its seconds)
 GAMES="${GAMES:-200}"
 EVALS="${EVALS:-greedy sampled seeded words}"
 SHIP=adapters/gemma-3-270m-wordle

@@ -16,13 +16,14 @@
 #   VARIANT=4bit scripts/train_4b.sh        # the 4-bit model, for 16 GB Macs
 #   GAMES=50 scripts/train_4b.sh            # smaller evals
 #   STOP_AFTER=sft scripts/train_4b.sh      # stop after a stage (run again to go on)
+#   DRY_RUN=1 scripts/train_4b.sh           # print the stages still to run and their commands
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
 VARIANT="${VARIANT:-bf16}"
 case $VARIANT in bf16|4bit) ;; *) echo "VARIANT must be bf16 or 4bit, got '$VARIANT'" >&2; exit 2 ;; esac
 C=config/gemma3-4b
-R=logs/recipe-4b-$VARIANT
+R="${R:-logs/recipe-4b-$VARIANT}"
 MODEL=mlx-community/gemma-3-4b-it-$VARIANT
 GAMES="${GAMES:-200}"
 mkdir -p "$R"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import tempfile
 import unittest
 from pathlib import Path
 
@@ -26,6 +29,28 @@ def model_for(path: Path):
         if path.stem.startswith(prefix):
             return model
     raise AssertionError(f"{path}: no stage model known for this name (expected one of {', '.join(MODELS)}...)")
+
+
+def dry_run(script: str, **env) -> list[tuple[str, str]]:
+    """(stage, command) for every stage `scripts/<script>` would run from scratch (DRY_RUN=1, a fresh marker
+    folder), in order; the script must exit 0."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "DRY_RUN": "1", "R": tmp, **env})
+    if out.returncode != 0:
+        raise AssertionError(f"{script} exited {out.returncode}: {out.stderr.strip()}")
+    return re.findall(r"^== ([\w-]+): (.*)$", out.stdout, flags=re.M)
+
+
+def check_stage_chain(case: unittest.TestCase, stages: list[tuple[str, str]]) -> None:
+    """Every --config file exists, and every adapter a stage starts from or plays is written by an earlier one."""
+    trained: set[str] = set()
+    for name, command in stages:
+        for config in re.findall(r"--config (\S+)", command):
+            case.assertTrue((ROOT / config).is_file(), f"stage {name}: no {config}")
+        for run in re.findall(r"--(?:start-)?adapter logs/([\w-]+)/adapters", command):
+            case.assertIn(run, trained, f"stage {name} uses logs/{run}/adapters before any stage trains it")
+        trained.update(re.findall(r"^train_or_resume logs/([\w-]+) ", command))
 
 
 def adapters_of(cfg) -> Path:
@@ -82,6 +107,19 @@ class ShippedConfigTest(unittest.TestCase):
             with self.subTest(sft=later.run_name):
                 self.assertEqual(resolve_path(later, later.start_adapter).resolve(), adapters_of(earlier))
                 self.assertEqual(resolve_path(later, later.data).resolve(), resolve_path(data, data.out).resolve())
+
+    def test_the_recipe_script_runs_every_stage_in_order(self):
+        """The whole script under DRY_RUN=1: it reaches the end (a shell error in a stage loop would stop a real
+        run between two stages), each stage's config exists and each adapter comes from an earlier stage."""
+        stages = dry_run("train_270m_cpu.sh")
+        training = ["setup", "model", "entropy", "data", "sft", "data-focus", "sft-focus", "data-fit", "sft-fit",
+                    "choice", "sft-choice", "sft-choice2", "sft-choice3", "sft-choice4", "choice2", "cover",
+                    "sft-cover", "grpo-cover"]
+        names = [name for name, _ in stages]
+        self.assertEqual(names[:len(training)], training)
+        self.assertEqual(names[-2:], ["plots", "ship"])
+        self.assertIn("eval-grpocover-greedy", names)
+        check_stage_chain(self, stages)
 
     def test_choice_round_chains(self):
         """The self-choice round labels boards with the fit adapter's choices, and its SFT stages train on that

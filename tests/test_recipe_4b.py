@@ -10,6 +10,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from tests.test_configs import check_stage_chain, dry_run
 from wordle_mlx.config import load_config, resolve_path
 from wordle_mlx.stages import plan
 from wordle_mlx.stages.choice import ChoiceConfig
@@ -36,6 +37,15 @@ def adapters_of(cfg) -> Path:
 class RecipeConfigsTest(unittest.TestCase):
     def load(self, name: str, model):
         return load_config(RECIPE / name, model)
+
+    def test_the_script_runs_every_stage_in_order_for_each_variant(self):
+        for variant in ("bf16", "4bit"):
+            with self.subTest(variant=variant):
+                stages = dry_run("train_4b.sh", VARIANT=variant, W="true")   # `plan` lines call W outside stages
+                self.assertEqual([name for name, _ in stages],
+                                 ["setup", "data", "sft", "self-play", "sft-choice", "self-play-2", "cover",
+                                  "sft-cover", "grpo", "eval-sft", "eval-sftcover", "eval-grpo", "fuse"])
+                check_stage_chain(self, [(n, c.replace("true ", "wordle-mlx ")) for n, c in stages])
 
     def test_chain_per_variant(self):
         """data -> sft -> self-play -> sft-choice -> self-play-2 -> cover (the script's line) -> sft-cover -> grpo."""

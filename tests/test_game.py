@@ -172,6 +172,20 @@ class EntropyAndSolverTest(unittest.TestCase):
         cols = self.table.answer_columns(["baker", "maker"])
         self.assertIn(self.table.guesses[self.solver.best_guess_row(cols)], ("baker", "maker"))
 
+    def test_best_candidate_is_the_first_best_splitting_candidate(self):
+        """Against a direct count: each candidate's feedback entropy over the candidates (entropy_of), the first
+        maximum in answer order; asked twice, the memo gives the same word."""
+        for history in ([("raise", feedback("raise", "crone"))], [("slate", feedback("slate", "mound"))]):
+            cols = self.solver.candidate_columns(history)
+            words = [self.table.answers[c] for c in cols]
+            bits = [round(entropy_of(self.table.matrix[self.table.guess_index[w]][cols]), 9) for w in words]
+            want = words[int(np.argmax(bits))]
+            self.assertGreater(len(words), 10)
+            self.assertEqual(self.solver.best_candidate(cols), want)
+            self.assertEqual(self.solver.best_candidate(cols.copy()), want)
+        with self.assertRaises(ValueError):
+            self.solver.best_candidate(np.array([], dtype=np.int64))
+
     def test_seeded_history_is_continued(self):
         guesses = self.solver.play("abbey", history=["crane"])
         self.assertEqual(guesses[0], "crane")

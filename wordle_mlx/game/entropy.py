@@ -29,7 +29,7 @@ def entropies(matrix: np.ndarray, columns: np.ndarray | None = None, block: int 
     """
     if len(matrix) > block:
         return np.concatenate([entropies(matrix[s:s + block], columns, block) for s in range(0, len(matrix), block)])
-    sub = matrix if columns is None else matrix[:, columns]
+    sub = matrix if columns is None else np.take(matrix, columns, axis=1)   # C order (matrix[:, cols] is F order)
     n_rows, n_cols = sub.shape
     if n_cols == 0:
         return np.zeros(n_rows)

@@ -22,6 +22,7 @@ from .state import MAX_GUESSES
 class Solver:
     table: PatternTable
     _memo: dict[bytes, int] = field(default_factory=dict, repr=False)
+    _candidate_memo: dict[bytes, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.answer_row = np.array([self.table.guess_index[w] for w in self.table.answers], dtype=np.int64)
@@ -56,6 +57,17 @@ class Solver:
             in_cands = [r for r in tied if r in cand_rows]
             self._memo[key] = int(in_cands[0] if in_cands else tied[0])
         return self._memo[key]
+
+    def best_candidate(self, cols: np.ndarray) -> str:
+        """The candidate whose feedback splits the candidates best (ties to 1e-9 bits: the first in answer
+        order), memoised on the candidate set."""
+        if len(cols) == 0:
+            raise ValueError("no candidate is consistent with the feedback")
+        key = cols.astype(np.int32).tobytes()
+        if key not in self._candidate_memo:
+            bits = np.round(entropies(self.table.matrix[self.answer_row[cols]], cols), 9)
+            self._candidate_memo[key] = int(cols[int(np.argmax(bits))])
+        return self.table.answers[self._candidate_memo[key]]
 
     def next_guess(self, history: list[tuple[str, str]]) -> str:
         return self.table.guesses[self.best_guess_row(self.candidate_columns(history))]

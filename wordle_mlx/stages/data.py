@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 from ..config import StrictModel, display_path, resolve_path
 from ..errors import UserError
 from ..fileio import write_json_atomic, write_text_atomic
-from ..game.entropy import PatternTable, entropies
+from ..game.entropy import PatternTable
 from ..game.feedback import feedback
 from ..game.seeding import HistoryPolicy, seed_history
 from ..game.solver import Solver
@@ -118,8 +118,7 @@ def invalid_reply(rng: random.Random, table: PatternTable) -> tuple[str, str]:
 def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) -> str:
     """The solver's guess, or the best-splitting candidate (ties: alphabetical) when few candidates remain."""
     if len(cols) <= candidate_threshold:
-        bits = np.round(entropies(solver.table.matrix[solver.answer_row[cols]], cols), 9)
-        return solver.table.answers[int(cols[int(np.argmax(bits))])]
+        return solver.best_candidate(cols)
     return solver.table.guesses[solver.best_guess_row(cols)]
 
 

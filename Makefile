@@ -25,7 +25,7 @@ test: setup
 demo: setup
 	bash scripts/demo.sh
 
-# The real run (~6.5 h on 2 cores with the greedy evals; resumable: run it again after an interruption).
+# The real run (about 3 h of training on 2 cores, then the evals; resumable: run it again after an interruption).
 train-270m: setup
 	bash scripts/train_270m_cpu.sh
 

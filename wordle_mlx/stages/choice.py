@@ -8,8 +8,8 @@ play with consistent answers wins nearly every game), so this stage keeps the ru
 each board the target is the candidate answer (the answers consistent with the feedback, as the teacher uses)
 to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run once per
 board): under `decode` grammar (the default, the policy eval, play and train decode with) the log-probability of
-its 5 letters among the 26 letter tokens, under free that of the whole reply over the vocabulary. Optionally the empty board's label is a given `opener` (e.g. the teacher's), since it decides every
-game's tree and a weak labeller's favourite can be a poor first guess. The boards are those of self-play with
+its 5 letters among the 26 letter tokens, under free that of the whole reply over the vocabulary. Optionally the
+empty board's label is a given `opener` (e.g. the teacher's), since it decides every game's tree and a weak labeller's favourite can be a poor first guess. The boards are those of self-play with
 that rule from the empty board over the split's secrets (train for train, valid for valid, never test), so the
 data follows the path the model will take once it plays its labels. This is rejection-sampling fine-tuning
 (expert iteration) with the samples replaced by exact scores of every fitting answer. Each distinct example
@@ -192,7 +192,6 @@ def run(cfg: ChoiceConfig) -> dict:
     decode = effective_mode(cfg.decode, prompt, "decode" in cfg.model_fields_set)
     grammar = LetterGrammar.for_tokenizer(tokenizer) if decode == "grammar" else None
     labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener, grammar)
-    teacher_memo: dict[tuple, str] = {}
 
     data, stats = {}, {"model": cfg.model, "adapter": display_path(adapter) if adapter else None, "seed": cfg.seed,
                        "prompt": prompt.model_dump(), "decode": decode,
@@ -207,11 +206,8 @@ def run(cfg: ChoiceConfig) -> dict:
         agree = 0
         for record in examples.values():
             meta = record["meta"]
-            key = tuple(meta["history"] + [meta["secret"]])
-            if key not in teacher_memo:
-                history = [(g, feedback(g, meta["secret"])) for g in meta["history"]]
-                teacher_memo[key] = teacher_guess(solver, solver.candidate_columns(history), 100000)
-            agree += teacher_memo[key] == meta["target"]
+            history = [(g, feedback(g, meta["secret"])) for g in meta["history"]]
+            agree += teacher_guess(solver, solver.candidate_columns(history), 100000) == meta["target"]   # memoised
         lengths = Counter(len(g) for g in games)
         won = [len(g) for s, g in zip(secrets, games) if s in g]
         stats[split] = {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> three SFT passes on the entropy
 # solver's games -> a self-choice round (the model labels each board it reaches with the fitting answer it scores
-# highest) -> two SFT passes on it -> a second self-choice round with answer coverage -> one SFT pass -> GRPO ->
+# highest) -> four SFT passes on it -> a second self-choice round with answer coverage -> one SFT pass -> GRPO ->
 # evals -> plots -> the adapter packaged in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only)
 # and replies spell the guess in letters with no think block (config/recipe-270m/data.json).
 #
@@ -16,7 +16,7 @@
 # (a shutdown) stops a training stage after its current step with a checkpoint and a non-zero exit, which
 # ends this script; a crash or a power cut costs at most the steps since the last checkpoint. To start over:
 # rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m data/choice \
-#   logs/sft-choice-270m logs/sft-choice2-270m data/choice2 data/choice2-cover5c4 logs/sft-cover-270m \
+#   logs/sft-choice*-270m data/choice2 data/choice2-cover5c4 logs/sft-cover-270m \
 #   logs/grpo-cover-270m
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
@@ -71,10 +71,19 @@ stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/recipe
 # The self-play round: the fit adapter plays every train secret from the empty board; each board it reaches is
 # labelled with the answer that fits the clues which the model itself scores highest.
 stage choice     $W data self-play --config config/recipe-270m/self-play.json --no-progress
-# SFT on that data from the fit adapter (lr 3e-5), then one more pass at a constant 1.5e-5 from it with a new
-# shuffle seed (config/recipe-270m/sft-choice-more.json).
+# SFT on that data from the fit adapter (lr 3e-5), then three more passes at a constant 1.5e-5, each from the
+# one before with a new shuffle seed.
 stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/recipe-270m/sft-choice.json
-stage sft-choice2 train_or_resume logs/sft-choice2-270m $W sft --config config/recipe-270m/sft-choice-more.json
+# The passes share config/recipe-270m/sft-choice-more.json; each gets its seed, run name and start adapter here
+# (pass 2 is half as long, with a checkpoint every 20 steps).
+more=()      # the passes' flags, also recorded by the ship stage
+for n in 2 3 4; do
+  if [ $n = 2 ]; then prev=sft-choice-270m; else prev=sft-choice$((n - 1))-270m; fi
+  if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
+  flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --start-adapter logs/$prev/adapters "${size[@]}")
+  more+=("${flags[*]}")
+  stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json "${flags[@]}"
+done
 # The coverage round: a second self-play round from that adapter; every answer that fits some tight board of it
 # (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it, then GRPO with
 # plain SGD, playing full games on from the greedy reply.
@@ -87,7 +96,7 @@ evaluate base - greedy
 evaluate sft1 logs/sft-270m/adapters greedy
 evaluate sft2 logs/sft-focus-270m/adapters greedy
 evaluate fit logs/sft-fit-270m/adapters greedy
-evaluate sftchoice logs/sft-choice2-270m/adapters greedy
+evaluate sftchoice logs/sft-choice4-270m/adapters greedy
 for kind in $EVALS; do       # every player's greedy eval first, then the next setting
   evaluate sftcover  logs/sft-cover-270m/adapters "$kind"
   evaluate grpocover logs/grpo-cover-270m/adapters "$kind"
@@ -106,7 +115,9 @@ stage plots bash -c "
 ship_evals=()
 for f in "$R"/eval_grpocover_*.json; do ship_evals+=(--eval "$f"); done
 sft_configs=()
-for c in sft sft-focus sft-fit sft-choice sft-choice-more sft-cover; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
+for c in sft sft-focus sft-fit sft-choice; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
+for flags in "${more[@]}"; do sft_configs+=(--sft-config "config/recipe-270m/sft-choice-more.json $flags"); done
+sft_configs+=(--sft-config config/recipe-270m/sft-cover.json)
 stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/grpo-cover-270m/adapters --out "$SHIP" \
   --data-config config/recipe-270m/data.json --data-config config/recipe-270m/data-focus.json --data-config config/recipe-270m/data-fit.json \
   --choice-config config/recipe-270m/self-play.json --choice-config config/recipe-270m/self-play-2.json "${sft_configs[@]}" \

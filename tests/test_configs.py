@@ -113,7 +113,7 @@ class ShippedConfigTest(unittest.TestCase):
         run between two stages), each stage's config exists and each adapter comes from an earlier stage."""
         stages = dry_run("train_270m_cpu.sh")
         training = ["setup", "model", "entropy", "data", "sft", "data-focus", "sft-focus", "data-fit", "sft-fit",
-                    "choice", "sft-choice", "sft-choice2", "choice2", "cover",
+                    "choice", "sft-choice", "sft-choice2", "sft-choice3", "sft-choice4", "choice2", "cover",
                     "sft-cover", "grpo-cover"]
         names = [name for name, _ in stages]
         self.assertEqual(names[:len(training)], training)
@@ -123,8 +123,9 @@ class ShippedConfigTest(unittest.TestCase):
 
     def test_choice_round_chains(self):
         """The self-choice round labels boards with the fit adapter's choices, and its SFT stages train on that
-        data, the first from the same adapter and the second from the first: sft-fit -> self-play -> sft-choice ->
-        sft-choice2 (sft-choice-more.json)."""
+        data, the first from the same adapter and each later pass from the one before: sft-fit -> self-play ->
+        sft-choice -> sft-choice2 (sft-choice-more.json) -> the script's passes 3 and 4 (the same file with
+        flags)."""
         fit = load_config(RECIPE / "sft-fit.json", SFTConfig)
         choice = load_config(RECIPE / "self-play.json", ChoiceConfig)
         self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapters_of(fit))
@@ -137,13 +138,16 @@ class ShippedConfigTest(unittest.TestCase):
                 adapter = adapters_of(sft)
         self.assertEqual(adapter.parent.name, "sft-choice2-270m")
         script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
-        self.assertIn("sft --config config/recipe-270m/sft-choice-more.json\n", script)   # no flags: as recorded
+        self.assertIn("for n in 2 3 4; do", script)
+        self.assertIn("--run-name sft-choice$n-270m --start-adapter logs/$prev/adapters", script)
+        self.assertIn("sft --config config/recipe-270m/sft-choice-more.json", script)
 
     def test_coverage_round_chains(self):
         """The coverage round: the second choice round plays the last self-choice pass's adapter, the script's
         `cover` line reads its folder and writes the one the SFT stage trains on, from the same adapter:
-        sft-choice2 -> choice2 -> cover -> sft-cover (-> grpo-cover, checked above)."""
-        adapter = adapters_of(load_config(RECIPE / "sft-choice-more.json", SFTConfig))
+        sft-choice4 -> choice2 -> cover -> sft-cover (-> grpo-cover, checked above)."""
+        more = load_config(RECIPE / "sft-choice-more.json", SFTConfig)
+        adapter = resolve_path(more, more.logs_dir).resolve() / "sft-choice4-270m" / "adapters"
         choice = load_config(RECIPE / "self-play-2.json", ChoiceConfig)
         self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
         script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()

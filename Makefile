@@ -25,7 +25,7 @@ test: setup
 demo: setup
 	bash scripts/demo.sh
 
-# The real run (about 3 h of training on 2 cores, then the evals; resumable: run it again after an interruption).
+# The real run (about 1 h 40 min of training on 2 cores, then the evals; resumable: run it again after an interruption).
 train-270m: setup
 	bash scripts/train_270m_cpu.sh
 

@@ -5,8 +5,8 @@
 # evals -> plots -> the adapter packaged in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only)
 # and replies spell the guess in letters with no think block (config/recipe-270m/data.json).
 #
-# Budget: about 3 hours of training on 2 cores, plus the evals (every stage's time and wins: docs/RESULTS.md).
-# What makes it fit: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
+# Time: 1 h 37 min of training on 2 cores, plus the evals (every stage's time and wins: docs/RESULTS.md).
+# What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (grammar_loss: no 262k-entry softmax), every pass after the first trains only the last 6 blocks' LoRA (the
 # backward pass stops there), self-play scores candidates on the 26 letter rows, and GRPO and the evals decode
 # in grammar mode.

@@ -147,11 +147,11 @@ class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
                 for p, c in zip([p for p in prompts for _ in range(2)], replies):
                     self.assertEqual(c.text.replace(" ", "")[:7], "<guess>")
                     ref, scale = reference_logprobs(model, g, p, c.tokens, c.choice, t, mode == "words")
-                    at_t = max(at_t, rounding_tolerance(tol, scale))
+                    reply_tol = rounding_tolerance(tol, scale)
+                    at_t = max(at_t, reply_tol)
                     got = [lp for lp, ch in zip(c.logprobs, c.choice) if ch]
                     self.assertEqual(len(got), 5)
-                    np.testing.assert_allclose(got, ref, atol=rounding_tolerance(tol, scale), rtol=0,
-                                               err_msg=f"{spec} {mode} T={t} rollout")
+                    np.testing.assert_allclose(got, ref, atol=reply_tol, rtol=0, err_msg=f"{spec} {mode} T={t} rollout")
                     self.assertTrue(all(lp == 0.0 for lp, ch in zip(c.logprobs, c.choice) if not ch))
                     if mode == "words":
                         self.assertIn(parse_reply(c.text, False, ALLOWED).guess, ALLOWED)

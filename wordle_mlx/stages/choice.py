@@ -1,22 +1,22 @@
 """`wordle-mlx data self-play`: SFT data labelled with the fitting word the model itself likes best (expert
 iteration).
 
-The teacher's labels (`wordle-mlx data`) are the best-splitting candidate, an arbitrary word from the model's
-point of view, and a 270M model on a CPU budget does not fit them: trained on the teacher's replies on the
-boards it reached itself (a DAgger round), it won 29 of 320 *train* secrets. Any answer that fits the clues is a good move (hard-mode
-play with consistent answers wins nearly every game), so this stage keeps the rule and changes the label: on
-each board the target is the candidate answer (the answers consistent with the feedback, as the teacher uses)
-to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run once per
+The teacher's labels (`wordle-mlx data`) are the best-splitting candidate, an arbitrary word from the model's point
+of view, and a 270M model on a CPU budget does not fit them: trained on the teacher's replies on the boards it
+reached itself (a DAgger round), it won 29 of 320 *train* secrets. Any answer that fits the clues is a good move
+(hard-mode play with consistent answers wins nearly every game), so this stage keeps the rule and changes the
+label: on each board the target is the candidate answer (the answers consistent with the feedback, as the teacher
+uses) to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run once per
 board): under `decode` grammar (the default, the policy eval, play and train decode with) the log-probability of
 its 5 letters among the 26 letter tokens, under free that of the whole reply over the vocabulary. Optionally the
-empty board's label is a given `opener` (e.g. the teacher's), since it decides every game's tree and a weak labeller's favourite can be a poor first guess. The boards are those of self-play with
-that rule from the empty board over the split's secrets (train for train, valid for valid, never test), so the
-data follows the path the model will take once it plays its labels. This is rejection-sampling fine-tuning
-(expert iteration) with the samples replaced by exact scores of every fitting answer. Each distinct example
-appears min(traffic, `traffic_cap`) times (traffic: how many secrets' games pass through it), and
-`retry_fraction` of them get one more copy whose prompt reports a made-up invalid previous reply, as `data`
-does. Records use
-`data`'s chat JSONL schema (meta mode `self_choice`) and pass its replay check before anything is written.
+empty board's label is a given `opener` (e.g. the teacher's), since it decides every game's tree and a weak
+labeller's favourite can be a poor first guess. The boards are those of self-play with that rule from the empty
+board over the split's secrets (train for train, valid for valid, never test), so the data follows the path the
+model will take once it plays its labels. This is rejection-sampling fine-tuning (expert iteration) with the
+samples replaced by exact scores of every fitting answer. Each distinct example appears min(traffic, `traffic_cap`)
+times (traffic: how many secrets' games pass through it), and `retry_fraction` of them get one more copy whose
+prompt reports a made-up invalid previous reply, as `data` does. Records use `data`'s chat JSONL schema (meta mode
+`self_choice`) and pass its replay check before anything is written.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ every position. "ours, shared prefix" also runs the start that every example of 
 markers and system line) once per batch (`make_batch(share_prefix=True)`, the SFT stage's default).
 Each timed step is a full LoRA gradient computation (value_and_grad + eval) on the same batch, the three
 interleaved so machine noise hits them alike. "shared, grammar loss" is the shared-prefix step with SFT's
-`grammar_loss`: only the reply's 5 letters are targets, projected on the 26 letter rows. Tokens/s counts every real token in the batch (prompt
+`decode` "grammar" (formerly `grammar_loss`): only the reply's 5 letters are targets, projected on the 26 letter rows. Tokens/s counts every real token in the batch (prompt
 included, the shared prefix once per example), as mlx-lm reports it. Last three lines: `prefix speedup X.XX`
 (shared against unshared ours), `grammar loss speedup X.XX` (grammar loss against the shared full-vocabulary
 loss) and `speedup X.XX` (ours unshared against mlx-lm).
@@ -51,10 +51,10 @@ def main() -> None:
 
     from wordle_mlx.llm import lora
     from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.sft_loss import loss_sum, make_batch
+    from wordle_mlx.llm.sft_loss import letter_loss, loss_sum, make_batch
     from wordle_mlx.stages.data import read_sft_jsonl
     from wordle_mlx.llm.prompts import PromptConfig
-    from wordle_mlx.stages.sft import SFTConfig, grammar_letter_ids, tokenize
+    from wordle_mlx.stages.sft import tokenize, with_boards
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="builtin:gemma-3-270m")
@@ -76,7 +76,7 @@ def main() -> None:
     ours_grad = nn.value_and_grad(model, loss_sum)
     theirs_grad = nn.value_and_grad(model, default_loss)
 
-    letters = grammar_letter_ids(SFTConfig(grammar_loss=True), tokenizer, PromptConfig(), seqs, Path(args.data))
+    letters = letter_loss("grammar", False, tokenizer, PromptConfig(), with_boards(seqs, records), Path(args.data)).letter_ids
 
     def ours(group, share=False, letter_ids=None):
         b = make_batch(group, share_prefix=share, letter_ids=letter_ids)

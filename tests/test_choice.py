@@ -1,4 +1,5 @@
-"""`wordle-mlx data self-play`: exact reply scores, labels that are the model's best fitting answer, checked data."""
+"""`wordle-mlx data self-play`: exact reply scores (whole replies, grammar and words decoding's letters), labels that
+are the model's best fitting answer, checked data."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from wordle_mlx.game.solver import Solver
 from wordle_mlx.game.splits import split_answers
 from wordle_mlx.llm.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
 from wordle_mlx.llm.prompts import PromptConfig
-from wordle_mlx.llm.reply_grammar import LETTERS, LetterGrammar
+from wordle_mlx.game.words import guess_list
+from wordle_mlx.llm.reply_grammar import LETTERS, LetterGrammar, WordTrie
 from wordle_mlx.stages import choice, data
 from wordle_mlx.stages.entropy import load_table
 
@@ -72,16 +74,24 @@ class ReplyLogprobsTest(unittest.TestCase):
             reply_logprobs(self.model, self.prompt[:1], [[5]])
 
 
-def grammar_logprob(model, grammar, prompt_ids: list[int], word: str) -> float:
+def grammar_logprob(model, grammar, prompt_ids: list[int], word: str, board: list[str] | None = None) -> float:
     """Oracle for grammar scoring: the whole reply through the model once, and at each letter the full
-    log-softmax masked to the 26 letter tokens and renormalised; forced tokens add nothing."""
+    log-softmax masked to the 26 letter tokens and renormalised; forced tokens add nothing. With `board`, words
+    decoding's: masked to the letters that continue an allowed word not on the board (brute force over the list)."""
     tokens, is_letter = grammar.reply([LETTERS.index(c) for c in word])
     logits = np.array(model(mx.array([prompt_ids + tokens]))[0].astype(mx.float32), dtype=np.float64)
     letters = logits[:, grammar.letter_ids]
-    logp = letters - np.log(np.exp(letters - letters.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-        - letters.max(-1, keepdims=True)
-    return float(sum(logp[len(prompt_ids) - 1 + t, grammar.index_of[tok]]
-                     for t, (tok, c) in enumerate(zip(tokens, is_letter)) if c))
+    total, written = 0.0, ""
+    for t, (tok, c) in enumerate(zip(tokens, is_letter)):
+        if not c:
+            continue
+        row = letters[len(prompt_ids) - 1 + t]
+        if board is not None:
+            nexts = {w[len(written)] for w in guess_list() if w.startswith(written) and w not in board}
+            row = np.where([x in nexts for x in LETTERS], row, -np.inf)
+        total += float(row[grammar.index_of[tok]] - row.max() - np.log(np.exp(row - row.max()).sum()))
+        written += LETTERS[grammar.index_of[tok]]
+    return total
 
 
 class LetterLogprobsTest(unittest.TestCase):
@@ -137,6 +147,29 @@ class ChoiceLabelTest(unittest.TestCase):
         self.assertEqual(n, len(cands))
         self.assertAlmostEqual(logprob, scores[word], delta=1e-4)
         self.assertGreaterEqual(logprob, max(scores.values()) - 1e-4)
+
+    def test_words_labels_are_the_best_candidate_by_words_decoding_scores(self):
+        """decode words: a candidate's score is its letters under words decoding's policy (allowed words off the
+        board), which differs from grammar's, and the label is the candidate it scores highest."""
+        secret = split_answers()["train"][5]
+        history = [(g, feedback(g, secret)) for g in ("slate", "crony")]
+        grammar = LetterGrammar.for_tokenizer(self.tok)
+        labeler = choice.ChoiceLabeler(self.model, self.tok, self.solver, PROMPT, chunk=16, grammar=grammar,
+                                       trie=WordTrie(guess_list()))
+        word, n, logprob = labeler.label(history)
+        cands = [self.solver.table.answers[c] for c in self.solver.candidate_columns(history)]
+        messages = labeler.messages(history)
+        prompt = [int(t) for t in self.tok.apply_chat_template(messages, add_generation_prompt=True)]
+        scores = {w: grammar_logprob(self.model, grammar, prompt, w, ["slate", "crony"]) for w in cands}
+        letters_only = {w: grammar_logprob(self.model, grammar, prompt, w) for w in cands}
+        # 5 float32 log-softmax terms: a few ulps of the largest letter logit each
+        logits = np.array(self.model(mx.array([prompt]))[0].astype(mx.float32))[:, grammar.letter_ids]
+        tol = 5 * 8 * np.finfo(np.float32).eps * max(1.0, float(np.abs(logits).max()))
+        self.assertEqual(n, len(cands))
+        self.assertAlmostEqual(logprob, scores[word], delta=tol)
+        self.assertGreaterEqual(logprob, max(scores.values()) - tol)
+        self.assertTrue(all(scores[w] >= letters_only[w] - tol for w in cands))   # fewer letters share the mass
+        self.assertTrue(any(scores[w] > letters_only[w] + 1e3 * tol for w in cands))
 
     def test_one_candidate_is_its_own_label_without_scoring(self):
         secret = split_answers()["train"][7]

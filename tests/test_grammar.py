@@ -1,8 +1,9 @@
 """Grammar-constrained replies (llm/reply_grammar.py, llm/letter_decoder.py): the reply's shape per tokenizer, and
 the policy grammar and words decoding play is exactly the full model's distribution at each letter, masked to the
 allowed letters and renormalised, in the rollout, the GRPO update and the SFT loss (float32, within 1e-5, on the
-tiny model and on the 270M); the GRPO ratio is exactly 1 before the update in every mode, and the sampler and the
-trainer agree in bfloat16 and 4-bit too; words decoding never writes a word outside the allowed list."""
+tiny model and on the 270M; in words decoding with each board's words, and the greedy word itself, ruled out); the
+GRPO ratio is exactly 1 before the update in every mode, and the sampler and the trainer agree in bfloat16 and 4-bit
+too; words decoding never writes a word outside the allowed list and never offers a word already on the board."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arr
 from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
 from wordle_mlx.llm.models import load_model
 from wordle_mlx.llm.prompts import PromptConfig, parse_reply
-from wordle_mlx.llm.reply_grammar import LETTERS, LetterChoices, LetterGrammar, effective_mode, prefix_trie
+from wordle_mlx.llm.reply_grammar import LETTERS, LetterChoices, LetterGrammar, WordTrie, effective_mode
 from wordle_mlx.llm.rollout import GameSpec, RolloutConfig, play_games, prompt_token_ids
 from wordle_mlx.llm.episode import reply_sequence
 from wordle_mlx.llm.sft_loss import loss_sum, make_batch
@@ -33,7 +34,7 @@ from tests.dtype_models import tiny_model_in
 
 WORDS = guess_list()
 ALLOWED = frozenset(WORDS)
-TRIE = prefix_trie(WORDS)
+TRIE = WordTrie(WORDS)
 BOARDS = [[], ["slate"], ["brine", "stomp"], ["crane", "pious", "dumpy"]]
 
 
@@ -66,11 +67,19 @@ def prompts_for(tokenizer, n: int = 4) -> list[list[int]]:
     return [prompt_token_ids(tokenizer, cfg, GameState("crane", BOARDS[i % len(BOARDS)])) for i in range(n)]
 
 
+def words_mask(prefix: str, board) -> np.ndarray:
+    """The letters that continue `prefix` into an allowed word that is not on `board` (by brute force over the
+    word list, independently of WordTrie)."""
+    nexts = {w[len(prefix)] for w in WORDS if w.startswith(prefix) and w not in board}
+    return np.array([c in nexts for c in LETTERS])
+
+
 def reference_logprobs(model, grammar: LetterGrammar, prompt: list[int], tokens: list[int], choice: list[int],
-                       temperature: float, words: bool) -> tuple[list[float], float]:
+                       temperature: float, words: bool, board=()) -> tuple[list[float], float]:
     """The full model's log_softmax(logits / T) over the whole vocabulary at each letter choice, masked to the
-    allowed letters and renormalised: the policy grammar (and words) decoding should play; and the largest
-    |logit / T| at those choices, the scale of their float32 rounding."""
+    allowed letters (in words mode: those that continue a word off `board`) and renormalised: the policy grammar
+    (and words) decoding should play; and the largest |logit / T| at those choices, the scale of their float32
+    rounding."""
     seq = list(prompt) + list(tokens)
     logits = model(mx.array(seq)[None])[0].astype(mx.float32) / temperature
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)        # full-vocabulary log-softmax
@@ -81,11 +90,19 @@ def reference_logprobs(model, grammar: LetterGrammar, prompt: list[int], tokens:
         scale = max(scale, float(mx.abs(logits[len(prompt) + j - 1]).max()))
         row = np.array(logp[len(prompt) + j - 1])[grammar.letter_ids]
         if words:
-            row = np.where([x in TRIE[written] for x in LETTERS], row, -np.inf)
+            row = np.where(words_mask(written, board), row, -np.inf)
         row = row - np.log(np.exp(row - row.max()).sum()) - row.max()
         out.append(float(row[grammar.index_of[t]]))
         written += LETTERS[grammar.index_of[t]]
     return out, scale
+
+
+def full_logprobs(model, prompt: list[int], tokens: list[int], scored: list[int]) -> list[float]:
+    """The full model's log-softmax over the whole vocabulary at each of `tokens` where `scored` is 1."""
+    seq = list(prompt) + list(tokens)
+    logits = model(mx.array(seq)[None])[0].astype(mx.float32)
+    logp = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    return [float(logp[len(prompt) + j - 1, t]) for j, (t, on) in enumerate(zip(tokens, scored)) if on]
 
 
 def rounding_tolerance(tol: float, scale: float) -> float:
@@ -136,17 +153,24 @@ class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
         model, tok = lora_policy(spec)
         g = grammar_of(tok)
         prompts = prompts_for(tok, n_prompts)
+        greedy_words = [parse_reply(c.text, False, ALLOWED).guess for c in BatchedGenerator(
+            model, tok, mode="words", words=WORDS)(prompts, SamplingConfig(completion_batch_size=5))]
         for mode in ("grammar", "words"):
+            # words mode: each prompt's board, and the word greedy words decoding gives it, are ruled out
+            boards = [BOARDS[i % len(BOARDS)] + ([greedy_words[i]] if mode == "words" else [])
+                      for i in range(n_prompts)]
             for temperature in temperatures:
                 generate = BatchedGenerator(model, tok, mode=mode, words=WORDS)
                 cfg = SamplingConfig(temperature=temperature, seed=3, completion_batch_size=5)
                 mx.random.seed(3)
-                replies = generate([p for p in prompts for _ in range(2)], cfg)
+                rows = [i for i in range(n_prompts) for _ in range(2)]
+                replies = generate([prompts[i] for i in rows], cfg, excluded=[boards[i] for i in rows])
                 t = temperature or 1.0
                 seqs, at_t = [], tol
-                for p, c in zip([p for p in prompts for _ in range(2)], replies):
+                for i, c in zip(rows, replies):
+                    p, board = prompts[i], boards[i]
                     self.assertEqual(c.text.replace(" ", "")[:7], "<guess>")
-                    ref, scale = reference_logprobs(model, g, p, c.tokens, c.choice, t, mode == "words")
+                    ref, scale = reference_logprobs(model, g, p, c.tokens, c.choice, t, mode == "words", board)
                     reply_tol = rounding_tolerance(tol, scale)
                     at_t = max(at_t, reply_tol)
                     got = [lp for lp, ch in zip(c.logprobs, c.choice) if ch]
@@ -154,8 +178,10 @@ class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
                     np.testing.assert_allclose(got, ref, atol=reply_tol, rtol=0, err_msg=f"{spec} {mode} T={t} rollout")
                     self.assertTrue(all(lp == 0.0 for lp, ch in zip(c.logprobs, c.choice) if not ch))
                     if mode == "words":
-                        self.assertIn(parse_reply(c.text, False, ALLOWED).guess, ALLOWED)
-                    seqs.append((reply_sequence(p, c.tokens, c.logprobs, c.choice), ref))
+                        guess = parse_reply(c.text, False, ALLOWED).guess
+                        self.assertIn(guess, ALLOWED)
+                        self.assertNotIn(guess, board, f"{spec} T={t}: a word on the board was offered again")
+                    seqs.append((reply_sequence(p, c.tokens, c.logprobs, c.choice, excluded=board), ref))
                 self.check_update(model, g, seqs, mode, t, at_t)
             self.check_sft(model, tok, g, prompts, tol)
 
@@ -180,18 +206,32 @@ class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
             self.assertEqual(stats["ratio_gap"].item(), 0.0)
 
     def check_sft(self, model, tok, g, prompts, tol):
-        examples, refs = [], []
-        for p, word in zip(prompts, ["crane", "slate", "pious", "dumpy"]):
-            tokens, choice = g.reply([LETTERS.index(c) for c in word])
-            examples.append((list(p) + tokens, len(p)))
-            ref, scale = reference_logprobs(model, g, p, tokens, choice, 1.0, False)
-            refs += ref
-            tol = rounding_tolerance(tol, scale)
-        for share in (False, True):
-            b = make_batch(examples, pad_to=8, share_prefix=share, letter_ids=g.letter_ids)
-            total, count = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.letter_ids)
-            self.assertEqual(count.item(), len(refs))
-            self.assertLessEqual(abs(total.item() + sum(refs)), tol * len(refs))
+        """The grammar loss, the words loss (each board's words and near misses of the label ruled out) and both
+        with the forced tokens trained over the whole vocabulary (train_tags)."""
+        words = ["crane", "moist", "pious", "light"]
+        near = [["crank", "craze"], ["moose"], [], ["might", "lithe"]]
+        for words_mode, train_tags in ((False, False), (True, False), (True, True)):
+            examples, refs, tag_refs = [], [], []
+            for i, (p, word) in enumerate(zip(prompts, words)):
+                board = BOARDS[i % len(BOARDS)] + near[i] if words_mode else []
+                tokens, choice = g.reply([LETTERS.index(c) for c in word])
+                examples.append((list(p) + tokens, len(p), board))
+                ref, scale = reference_logprobs(model, g, p, tokens, choice, 1.0, words_mode, board)
+                refs += ref
+                tol = rounding_tolerance(tol, scale)
+                if train_tags:
+                    tag_refs += full_logprobs(model, p, tokens, [1 - c for c in choice])
+            for share in (False, True):
+                b = make_batch(examples, pad_to=8, share_prefix=share, letter_ids=g.letter_ids,
+                               trie=TRIE if words_mode else None, train_tags=train_tags)
+                total, count = loss_sum(model, *b.loss_args())
+                self.assertEqual(count.item(), len(refs) + len(tag_refs))
+                self.assertEqual(b.tokens, len(refs) + len(tag_refs))
+                self.assertLessEqual(abs(total.item() + sum(refs) + sum(tag_refs)), tol * (len(refs) + len(tag_refs)),
+                                     f"words {words_mode} tags {train_tags} shared {share}")
+                if words_mode and not share:
+                    full, _ = loss_sum(model, *b.loss_args()[:4], True, *b.loss_args()[5:])   # full-logits path
+                    self.assertLessEqual(abs(full.item() - total.item()), tol * len(refs))
 
     def test_tiny_model(self):
         self.check_model("builtin:tiny-random", 4)
@@ -231,7 +271,7 @@ class MacDtypesTest(unittest.TestCase):
 
 class WordsModeFuzzTest(unittest.TestCase):
     def test_words_mode_never_writes_a_non_word(self):
-        """Random boards, random LoRA weights, hot sampling: every reply is an allowed word."""
+        """Random boards, random LoRA weights, hot sampling: every reply is an allowed word off the board."""
         rng = random.Random(0)
         for spec, seed in (("builtin:tiny-random", 1), ("builtin:tiny-random", 2), ("builtin:gemma-3-270m", 3)):
             model, tok = lora_policy(spec, seed=seed)
@@ -244,6 +284,7 @@ class WordsModeFuzzTest(unittest.TestCase):
                     for turn in ep.turns:
                         self.assertIsNone(turn.error, turn.text)
                         self.assertIn(turn.guess, ALLOWED)
+                        self.assertFalse(turn.repeated, f"{turn.guess} was already on the board")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ same context in every row, so they are scored once and added to each sum. Replie
 padding is never scored. No gradient graph is built. `letter_logprobs(model, prompt_ids, words, grammar)` is
 the same score under grammar decoding's policy: only the 5 letters of a letters-format reply, each a choice among
 the 26 letter tokens (their rows of the output projection, never the full vocabulary); the forced tags add 0.
+Given a `trie` (a `WordTrie`) and the board's words, it is words decoding's policy instead: each letter a choice
+among the letters that continue an allowed word off the board.
 `wordle-mlx data self-play` uses them to label a board with the fitting word the model already likes best.
 """
 
@@ -63,10 +65,13 @@ def reply_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[
     return out
 
 
-def letter_logprobs(model, prompt_ids: Sequence[int], words: Sequence[str], grammar, chunk: int = 32) -> np.ndarray:
+def letter_logprobs(model, prompt_ids: Sequence[int], words: Sequence[str], grammar, chunk: int = 32, trie=None,
+                    board: Sequence[str] = ()) -> np.ndarray:
     """(len(words),) float64: the log-probability of each word as a letters reply under grammar decoding (the
     full model's distribution at each letter renormalised over the 26 letters of `grammar`, a `LetterGrammar`;
-    forced tokens score 0), teacher-forced. The prompt and the opening tag run once for every word."""
+    forced tokens score 0), teacher-forced; with `trie`, under words decoding (renormalised over the letters
+    `trie.allowed` gives after the word's earlier letters, off `board`). The prompt and the opening tag run once
+    for every word."""
     import mlx.core as mx
 
     from .logits import shared_prefix_logits
@@ -87,6 +92,11 @@ def letter_logprobs(model, prompt_ids: Sequence[int], words: Sequence[str], gram
         width = 5 * step
         positions = mx.array([j * width + k * step + step - 1 for j in range(len(part)) for k in range(5)])
         logits = shared_prefix_logits(model, prefix, inputs, positions, letter_ids).astype(mx.float32)
+        if trie is not None:
+            allowed = np.array([trie.allowed(w[:k], board) for w in part for k in range(5)])
+            if not allowed[np.arange(len(allowed)), index.reshape(-1)].all():
+                raise ValueError("a scored word is not allowed in words decoding (not an allowed word, or on the board)")
+            logits = mx.where(mx.array(allowed), logits, -mx.inf)
         picked = mx.take_along_axis(logits, mx.array(index.reshape(-1))[:, None], axis=-1)[:, 0]
         lp = np.array(picked - mx.logsumexp(logits, axis=-1), dtype=np.float64)
         out[start:start + len(part)] = lp.reshape(len(part), 5).sum(axis=1)

@@ -4,13 +4,15 @@ A `Turn` holds exactly what the model saw and did: the prompt token ids, the sam
 ids with their log-probabilities under the sampling policy, the decoded text, the parsed guess or the
 reply error, and the feedback when the guess was played. `Episode.token_sequences()` turns a game into
 training sequences: one per turn, prompt tokens with mask 0 followed by completion tokens with mask 1,
-with the rollout logprobs aligned to the completion tokens. Everything the environment or the prompt
+with the rollout logprobs aligned to the completion tokens and the words on the board when the reply was written
+(words decoding never offers them, so the trainer's letter masks leave them out too). Everything the environment or the prompt
 contributes is masked, and so is every token grammar decoding forced; only the model's choices carry loss. This module does not import mlx.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..game.state import GameState
 
@@ -36,10 +38,11 @@ class TokenSequence:
     mask: list[int]                    # 1 for model tokens (loss), 0 for prompt/environment tokens
     logprobs: list[float]              # rollout logprobs aligned with `tokens` (0.0 where mask is 0)
     turn_index: int = 0
+    excluded: tuple[str, ...] = ()     # the words on the board before this reply (words decoding's mask)
 
 
 def reply_sequence(prompt: list[int], tokens: list[int], logprobs: list[float], choice: list[int] | None = None,
-                   turn_index: int = 0) -> TokenSequence:
+                   turn_index: int = 0, excluded: Sequence[str] = ()) -> TokenSequence:
     """The training sequence of one reply: the prompt (mask 0), then the reply's tokens with mask 1 where the
     model chose them. A forced token (grammar decoding) has mask 0; forced tokens after the last choice are
     left out, since nothing trained comes after them."""
@@ -50,7 +53,7 @@ def reply_sequence(prompt: list[int], tokens: list[int], logprobs: list[float], 
         raise ValueError(f"{len(mask)} choice flags for {len(tokens)} tokens")
     end = max((i + 1 for i, m in enumerate(mask) if m), default=0) if choice is not None else len(tokens)
     return TokenSequence(list(prompt) + list(tokens[:end]), [0] * len(prompt) + mask[:end],
-                         [0.0] * len(prompt) + list(logprobs[:end]), turn_index)
+                         [0.0] * len(prompt) + list(logprobs[:end]), turn_index, tuple(excluded))
 
 
 @dataclass
@@ -81,10 +84,13 @@ class Episode:
                 "seeded": len(self.seeded)}
 
     def token_sequences(self) -> list[TokenSequence]:
-        out = []
+        out, board = [], list(self.seeded)
         for i, turn in enumerate(self.turns):
             try:
-                out.append(reply_sequence(turn.prompt_tokens, turn.completion_tokens, turn.logprobs, turn.choice, i))
+                out.append(reply_sequence(turn.prompt_tokens, turn.completion_tokens, turn.logprobs, turn.choice, i,
+                                          board))
             except ValueError as exc:
                 raise ValueError(f"turn {i} of {self.secret!r}: {exc}") from None
+            if turn.pattern is not None:
+                board.append(turn.guess)
         return out

@@ -18,7 +18,8 @@ min-p filter uses `inverse_cdf_sampler` on CPU: the same categorical distributio
 vocabulary, where MLX draws noise for every entry (1.50x at 64 rows: `benchmarks/sampler.py`). With
 `mode="grammar"` or `"words"` (reply_grammar.py) BatchGenerator is not used: the letters-format reply's tags are
 forced and its 5 letters are picked on the 26 letter rows by `letter_decoder.decode_letters`; a `Completion` then
-marks which tokens were chosen (`choice`) and gives forced tokens log-prob 0. Any callable with the `GenerateFn`
+marks which tokens were chosen (`choice`) and gives forced tokens log-prob 0; in words decoding `excluded` names
+each prompt's board words, which are never spelled again. Any callable with the `GenerateFn`
 signature can stand in for the model (tests use scripted ones).
 """
 
@@ -152,12 +153,12 @@ class BatchedGenerator:
         self.mode = mode               # reply_grammar.DECODE_MODES
         self.grammar = self.trie = None
         if mode != "free":
-            from .reply_grammar import LetterGrammar, prefix_trie
+            from .reply_grammar import LetterGrammar, WordTrie
             self.grammar = LetterGrammar(tokenizer, reply_end_id(tokenizer, self.end_ids))
             if mode == "words":
                 if words is None:
                     raise ValueError("words decoding needs the allowed words")
-                self.trie = prefix_trie(words)
+                self.trie = WordTrie(words)
 
     # -- KV reuse -------------------------------------------------------------------------------------
     def _prefill(self, tokens: Sequence[int], cache, step: int) -> None:
@@ -219,13 +220,14 @@ class BatchedGenerator:
 
     # -- generation -----------------------------------------------------------------------------------
     def __call__(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig,
-                 greedy: Sequence[bool] | None = None, greedy_logprobs_at_temperature: bool = False
-                 ) -> list[Completion]:
+                 greedy: Sequence[bool] | None = None, greedy_logprobs_at_temperature: bool = False,
+                 excluded: Sequence[Collection[str]] | None = None) -> list[Completion]:
         """One completion per prompt, sampled with `cfg`; where `greedy[i]` is true, prompt i is decoded
         greedily instead (in the same batch, so a prompt repeated for G samples and one greedy reply is
         prefilled once; its log-probs then follow the greedy convention, T = 1, or with
         `greedy_logprobs_at_temperature` the sampling temperature's, so the reply can be trained on beside
-        the samples). In grammar and words modes only the reply's letters are decoded (letter_decoder.py)."""
+        the samples). In grammar and words modes only the reply's letters are decoded (letter_decoder.py); in words
+        mode `excluded[i]` (the words on prompt i's board) are never spelled."""
         import mlx.core as mx
         from mlx_lm.generate import BatchGenerator
 
@@ -236,9 +238,11 @@ class BatchedGenerator:
             raise ValueError("empty prompt")
         if greedy is not None and len(greedy) != len(prompts):
             raise ValueError(f"greedy has {len(greedy)} flags for {len(prompts)} prompts")
+        if excluded is not None and len(excluded) != len(prompts):
+            raise ValueError(f"excluded has {len(excluded)} entries for {len(prompts)} prompts")
         self.model.eval()
         if self.grammar is not None:
-            return self._letters(prompts, cfg, greedy, greedy_logprobs_at_temperature)
+            return self._letters(prompts, cfg, greedy, greedy_logprobs_at_temperature, excluded)
         sampler = make_sampler_for(cfg)
         temperature = policy_logprob_temperature(cfg)
         samplers = None
@@ -291,10 +295,11 @@ class BatchedGenerator:
 
     # -- grammar and words decoding -------------------------------------------------------------------
     def _letters(self, prompts: list[list[int]], cfg: SamplingConfig, greedy: Sequence[bool] | None,
-                 greedy_logprobs_at_temperature: bool) -> list[Completion]:
+                 greedy_logprobs_at_temperature: bool, excluded: Sequence[Collection[str]] | None = None
+                 ) -> list[Completion]:
         """Replies whose tags are forced and whose 5 letters are picked over the 26 letter tokens: greedily
         (argmax, no softmax over anything but the letters) or sampled from softmax(logits / T) over the allowed
-        letters; in words mode letters that continue no allowed word are never allowed."""
+        letters; in words mode letters that continue no allowed word off the row's board are never allowed."""
         import mlx.core as mx
 
         from .letter_decoder import decode_letters
@@ -311,8 +316,9 @@ class BatchedGenerator:
 
         def pick(logits, written, rows):
             if self.trie is not None:
-                allowed = np.array([[c in self.trie.get("".join(LETTERS[i] for i in w), ()) for c in LETTERS]
-                                    for w in written])
+                allowed = np.array([self.trie.allowed("".join(LETTERS[i] for i in w),
+                                                      excluded[r] if excluded is not None else ())
+                                    for w, r in zip(written, rows)])
                 logits = mx.where(mx.array(allowed), logits, -mx.inf)
             rows = np.asarray(rows)
             chosen = np.asarray(mx.argmax(logits, axis=-1)).astype(np.int64)

@@ -45,6 +45,7 @@ class PolicyBatch:
     weights: np.ndarray         # (M,) averaging weights; they sum to (this batch's share of) 1
     sequence: np.ndarray        # (M,) index of the sequence each token belongs to
     prefix: np.ndarray | None = None   # (Lp,) a prompt shared by every row; inputs are then the continuations
+    excluded: list | None = None       # per sequence: the words on its board (words decoding's letter masks)
 
     @property
     def num_tokens(self) -> int:
@@ -93,7 +94,7 @@ def pack_batch(sequences: Sequence[TokenSequence], advantages: Sequence, weights
         seq.append(np.full(len(model_at), i, dtype=np.int32))
     cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
     return PolicyBatch(inputs, cat(pos, np.int64), cat(tgt, np.int32), cat(old, np.float32), cat(adv, np.float32),
-                       cat(wts, np.float32), cat(seq, np.int32))
+                       cat(wts, np.float32), cat(seq, np.int32), excluded=[s.excluded for s in sequences])
 
 
 def shared_prompt_length(seq: TokenSequence) -> int | None:
@@ -133,7 +134,8 @@ def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence,
         seq.append(np.full(len(reply), i, dtype=np.int32))
     cat = lambda parts, dt: np.concatenate(parts).astype(dt)  # noqa: E731
     return PolicyBatch(inputs, cat(pos, np.int64), cat(tgt, np.int32), cat(old, np.float32), cat(adv, np.float32),
-                       cat(wts, np.float32), cat(seq, np.int32), prefix=np.asarray(prompt[:-1], dtype=np.int32))
+                       cat(wts, np.float32), cat(seq, np.int32), prefix=np.asarray(prompt[:-1], dtype=np.int32),
+                       excluded=[q.excluded for q in sequences])
 
 
 def shared_prompt_groups(sequences: Sequence[TokenSequence], max_loss_tokens: int) -> tuple[list[list[int]], list[int]]:
@@ -231,12 +233,12 @@ class LossSettings:
     letters: object = None                 # reply_grammar.LetterChoices in grammar/words decoding, else None
 
 
-def choice_arrays(letters, targets: np.ndarray, sequence: np.ndarray) -> dict:
+def choice_arrays(letters, targets: np.ndarray, sequence: np.ndarray, excluded=None) -> dict:
     """What `selected_logprobs` needs to score letter choices: the letter token ids, each target's index among
-    them and the letters allowed at its position."""
+    them and the letters allowed at its position (in words decoding, off each sequence's `excluded` words)."""
     import mlx.core as mx
 
-    index, allowed = letters.masks(targets, sequence)
+    index, allowed = letters.masks(targets, sequence, excluded)
     return {"ids": mx.array(letters.grammar.letter_ids), "index": mx.array(index),
             "allowed": None if allowed.all() else mx.array(allowed)}
 
@@ -255,7 +257,7 @@ def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True, letters=None
     if batch.prefix is not None:
         arrays["prefix"] = mx.array(batch.prefix)
     if letters is not None:
-        arrays["choices"] = choice_arrays(letters, batch.targets, batch.sequence)
+        arrays["choices"] = choice_arrays(letters, batch.targets, batch.sequence, batch.excluded)
     return arrays
 
 

@@ -139,18 +139,19 @@ def rollout_turn_mode(player: Player, prompts: Sequence[GameSpec], cfg: RolloutC
         facts = TurnFacts(state.secret, tuple(state.history()), kind,
                           parsed.guess if kind is ReplyKind.VALID else None, len(c.tokens), cfg.max_tokens_per_turn)
         values = rewards.turn_mode_values(facts)
-        seq = reply_sequence(prompt, c.tokens, c.logprobs, c.choice)
+        seq = reply_sequence(prompt, c.tokens, c.logprobs, c.choice, excluded=state.guesses)
         return ScoredItem([seq], group_id, rewards.total(values), values), parsed
 
     while active := [g for g in games if not g.done]:
         prompt_ids = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.turn_errors) for g in active]
+        boards = [list(g.episode.state.guesses) for g in active]
         if group.continue_with == "greedy":      # the greedy reply decoded in the same batch as the G samples
             samples, greedy = sample_replies_and_greedy(model, tokenizer, prompt_ids, group.num_generations, cfg,
                                                         generate_fn, greedy_logprobs_at_temperature=group.train_greedy,
-                                                        words=allowed)
+                                                        words=allowed, boards=boards)
         else:
             samples = sample_replies(model, tokenizer, prompt_ids, group.num_generations, cfg, generate_fn=generate_fn,
-                                     words=allowed)
+                                     words=allowed, boards=boards)
             greedy = [None] * len(active)
         for game, prompt, completions, greedy_reply in zip(active, prompt_ids, samples, greedy):
             state = game.episode.state

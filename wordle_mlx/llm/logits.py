@@ -55,6 +55,19 @@ def selected_logits(model, inputs: mx.array, positions: mx.array, token_ids: mx.
     return logits if token_ids is None else logits[:, token_ids]
 
 
+def hidden_at(model, inputs: mx.array, positions: mx.array, prefix: mx.array | None = None) -> mx.array:
+    """(P, hidden) final hidden states at `positions` (flat indices into the (B * L) positions of `inputs`), every
+    row of `inputs` continuing the 1-D `prefix` when given; to project once per set of output rows (a loss that
+    scores some positions on a few rows and others on the whole vocabulary). Gemma 3 text models only."""
+    if not has_split_head(model):
+        raise ValueError("hidden_at needs a gemma3_text model")
+    prefix_kv = None
+    if prefix is not None:
+        _, prefix_kv = body_hidden(model, prefix[None], keep_kv=True)
+    hidden, _ = body_hidden(model, inputs, prefix_kv)
+    return hidden.reshape(-1, hidden.shape[-1])[positions]
+
+
 def full_logits_at(model, inputs: mx.array, positions: mx.array) -> mx.array:
     """Reference path: full (B, L, vocab) logits, then the same gather (for tests and benchmarks)."""
     logits = model(inputs)

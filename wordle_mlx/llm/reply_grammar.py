@@ -8,14 +8,17 @@ end token are forced (log-prob 0, not trained on), and each letter's logits are 
 only, from their rows of the output projection (the tied embedding), never for the 262k-entry vocabulary. The
 policy is then exactly the full model's distribution renormalised over the allowed tokens at each position. In
 `words` decoding the allowed letters at each position are those that continue some allowed guess (a prefix trie
-of the 12,972 words), so a reply always spells a word the game accepts; `free` is the model's own unconstrained
-reply. `letter_decoder.py` decodes with it; `choice_logprobs` is the same renormalised log-softmax for training
+of the 12,972 words, `WordTrie`) and spell no word already on the board, so a reply always spells a word the game
+accepts and never repeats a guess; `free` is the model's own unconstrained reply. `letter_decoder.py` decodes with it; `choice_logprobs` is the same renormalised log-softmax for training
 (GRPO's update and, as an option, the SFT loss), so sampler and trainer agree to float rounding.
 """
 
 from __future__ import annotations
 
-from typing import Collection, Literal
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Collection, Literal, Sequence
 
 import numpy as np
 
@@ -29,6 +32,42 @@ DECODE_HELP = ("free: the model writes the whole reply over its full vocabulary;
                "think block; other formats are decoded free.")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 SAMPLE_REPLY = "<guess> c r a n e</guess>"
+ADAPTER_DECODE_KEY = "decode"        # adapter_config.json: the decoding mode the adapter was trained for
+ADAPTER_TAGS_KEY = "trained_tags"    # adapter_config.json: whether the reply's tags were trained (free needs them)
+
+
+def adapter_decoding(adapter_dir: str | Path | None) -> tuple[str | None, bool | None]:
+    """(the decoding mode an adapter records it was trained for, whether its reply tags were trained); None for
+    what it does not record (adapters trained before the record existed)."""
+    if adapter_dir is None:
+        return None, None
+    path = Path(adapter_dir) / "adapter_config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None, None        # a missing or broken adapter is reported by the model loader, with its own message
+    if not isinstance(raw, dict):
+        return None, None
+    mode, tags = raw.get(ADAPTER_DECODE_KEY), raw.get(ADAPTER_TAGS_KEY)
+    if mode is not None and mode not in DECODE_MODES:
+        raise UserError(f"{path}: {ADAPTER_DECODE_KEY}: unknown mode {mode!r}; use {', '.join(DECODE_MODES)}")
+    if tags is not None and not isinstance(tags, bool):
+        raise UserError(f"{path}: {ADAPTER_TAGS_KEY}: expected true or false, got {tags!r}")
+    return mode, tags
+
+
+def untrained_tags_warning(adapter_dir: str | Path | None, mode: str) -> str | None:
+    """One line when an adapter plays free decoding but records that its reply tags were never trained."""
+    recorded, tags = adapter_decoding(adapter_dir)
+    if mode != "free" or tags is not False:
+        return None
+    return (f"warning: adapter {adapter_dir} was trained for {recorded} decoding and never on the reply's tags; in free "
+            f"decoding it may lose its games on format errors (--decode {recorded} plays the policy it learned)")
+
+
+def decoding_record(mode: str, trained_tags: bool) -> dict:
+    """The adapter_config.json entries that record what an adapter was trained for."""
+    return {ADAPTER_DECODE_KEY: mode, ADAPTER_TAGS_KEY: bool(trained_tags)}
 
 
 def grammar_applies(prompt) -> bool:
@@ -105,16 +144,33 @@ def prefix_trie(words: Collection[str]) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in nexts.items()}
 
 
+class WordTrie:
+    """Words decoding's letter masks: the 5-letter `words` as counts of the words under each prefix, so that
+    `allowed(prefix, excluded)` gives the letters that continue `prefix` into some word that is not in
+    `excluded` (the words already on the board). The sampler and the trainer both take their masks from here."""
+
+    def __init__(self, words: Collection[str]):
+        self.words = frozenset(words)
+        self.counts = Counter(w[:i] for w in self.words for i in range(1, 6))
+
+    def allowed(self, prefix: str, excluded: Collection[str] = ()) -> np.ndarray:
+        """(26,) bool: letter c is allowed after `prefix` when some word starting `prefix + c` is not excluded."""
+        n = len(prefix) + 1
+        gone = Counter(w[:n] for w in set(excluded) if w in self.words and w.startswith(prefix))
+        return np.array([self.counts.get(prefix + c, 0) > gone.get(prefix + c, 0) for c in LETTERS])
+
+
 class LetterChoices:
     """What the trainer needs to score letter choices: the grammar's letter token ids and, in words mode, the
-    trie that limits them. `masks(targets, sequence)` gives each letter target's index among the 26 and the
-    letters allowed at its position (all of them in grammar mode; in words mode those that continue the
-    letters its sequence has written before it)."""
+    `WordTrie` that limits them. `masks(targets, sequence, excluded)` gives each letter target's index among the
+    26 and the letters allowed at its position (all of them in grammar mode; in words mode those that continue
+    the letters its sequence has written before it into a word not in `excluded[sequence]`, its board's words)."""
 
-    def __init__(self, grammar: LetterGrammar, trie: dict[str, frozenset[str]] | None = None):
+    def __init__(self, grammar: LetterGrammar, trie: WordTrie | None = None):
         self.grammar, self.trie = grammar, trie
 
-    def masks(self, targets: np.ndarray, sequence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def masks(self, targets: np.ndarray, sequence: np.ndarray,
+              excluded: Sequence[Collection[str]] | None = None) -> tuple[np.ndarray, np.ndarray]:
         index = np.array([self.grammar.index_of.get(int(t), -1) for t in targets], dtype=np.int32)
         if (index < 0).any():
             bad = int(targets[int(np.flatnonzero(index < 0)[0])])
@@ -124,7 +180,10 @@ class LetterChoices:
             written: dict[int, str] = {}
             for m, (i, s) in enumerate(zip(index, sequence)):
                 prefix = written.get(int(s), "")
-                allowed[m] = [c in self.trie.get(prefix, ()) for c in LETTERS]
+                allowed[m] = self.trie.allowed(prefix, excluded[int(s)] if excluded is not None else ())
+                if not allowed[m, i]:
+                    raise ValueError(f"letter {LETTERS[i]!r} after {prefix!r} is trained on but words decoding "
+                                     "never offers it (no allowed word off the board continues that way)")
                 written[int(s)] = prefix + LETTERS[i]
         return index, allowed
 

@@ -11,7 +11,8 @@ word is played (repeats are played and flagged `repeated`); any other reply is i
 the next prompt says what was wrong, and it does not use up a guess. A game ends on a win, when no guesses are left, or
 after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
 prompts in one batch (GRPO turn mode); `sample_replies_and_greedy` adds each prompt's greedy reply to
-that batch. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build
+that batch. In words decoding the MLX backend is told each board's words (`call_backend`), so a played word is
+never offered again. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build
 a gradient graph (nothing here calls value_and_grad) and the model is put in eval mode. With temperature 0
 the same inputs give the same games.
 """
@@ -30,7 +31,7 @@ from .episode import Episode, Turn
 from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfig, policy_logprob_temperature,
                          policy_logprobs)
 from .prompts import PromptConfig, TurnText, build_messages, choose_prompt, parse_reply
-from .reply_grammar import DECODE_HELP, DecodeMode, effective_mode
+from .reply_grammar import DECODE_HELP, DecodeMode, adapter_decoding, effective_mode
 
 __all__ = ["RolloutConfig", "GameSpec", "play_games", "sample_replies", "sample_replies_and_greedy",
            "prompt_token_ids", "policy_logprob_temperature", "policy_logprobs", "Completion"]
@@ -50,10 +51,14 @@ class RolloutConfig(SamplingConfig):
         return self
 
     def for_adapter(self, adapter) -> "RolloutConfig":
-        """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly, and the
-        reply length they need unless `max_tokens_per_turn` was set."""
+        """This config with the prompts `adapter` was trained on, unless `prompt` was set explicitly, the reply
+        length they need unless `max_tokens_per_turn` was set, and the decoding the adapter records it was trained
+        for unless `decode` was set (an adapter without that record keeps the default, grammar)."""
         prompt = choose_prompt(self.prompt, "prompt" in self.model_fields_set, adapter)
         update = {"prompt": prompt}
+        recorded, _ = adapter_decoding(adapter)
+        if recorded is not None and "decode" not in self.model_fields_set:
+            update["decode"] = recorded
         if "max_tokens_per_turn" not in self.model_fields_set:
             update["max_tokens_per_turn"] = reply_token_budget(prompt)
         return self.model_copy(update=update)
@@ -115,22 +120,33 @@ def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: S
     return BatchedGenerator(model, tokenizer, mode=decode_mode(cfg), words=words)
 
 
+def call_backend(generate: GenerateFn, prompts: Sequence[Sequence[int]], cfg: SamplingConfig,
+                 boards: Sequence[Collection[str]] | None, **options) -> list[Completion]:
+    """`generate(prompts, cfg, **options)`; the MLX backend also gets `boards` (each prompt's words on the board,
+    which words decoding never spells again). Other backends (scripted ones) take prompts and cfg only."""
+    if isinstance(generate, BatchedGenerator):
+        return generate(prompts, cfg, excluded=boards, **options)
+    return generate(prompts, cfg, **options)
+
+
 def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
                    cfg: SamplingConfig, generate_fn: GenerateFn | None = None,
-                   words: Collection[str] | None = None) -> list[list[Completion]]:
+                   words: Collection[str] | None = None,
+                   boards: Sequence[Collection[str]] | None = None) -> list[list[Completion]]:
     """`n_per_prompt` completions for each prompt, all sampled in one batch: result[i][j] is sample j of prompt i
-    (`words`: the allowed guesses, for words decoding)."""
+    (`words`: the allowed guesses, for words decoding; `boards`: each prompt's words on the board)."""
     if n_per_prompt < 1:
         raise ValueError(f"n_per_prompt must be >= 1, got {n_per_prompt}")
     generate = default_generate_fn(model, tokenizer, generate_fn, cfg, words)
     flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt)]
-    out = generate(flat, cfg)
+    out = call_backend(generate, flat, cfg, repeat(boards, n_per_prompt))
     return [out[i * n_per_prompt:(i + 1) * n_per_prompt] for i in range(len(prompts_token_ids))]
 
 
 def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
                               cfg: SamplingConfig, generate_fn: GenerateFn | None = None,
-                              greedy_logprobs_at_temperature: bool = False, words: Collection[str] | None = None
+                              greedy_logprobs_at_temperature: bool = False, words: Collection[str] | None = None,
+                              boards: Sequence[Collection[str]] | None = None
                               ) -> tuple[list[list[Completion]], list[Completion]]:
     """`sample_replies` plus each prompt's greedy reply. With the MLX backend both come from one batch (the
     greedy row shares its prompt's prefill with the G samples); another backend is called twice. The greedy
@@ -145,10 +161,16 @@ def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequ
                 [r[0] for r in sample_replies(model, tokenizer, prompts_token_ids, 1, greedy_cfg, generate)])
     flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt + 1)]
     flags = ([False] * n_per_prompt + [True]) * len(prompts_token_ids)
-    out = generate(flat, cfg, greedy=flags, greedy_logprobs_at_temperature=greedy_logprobs_at_temperature)
+    out = call_backend(generate, flat, cfg, repeat(boards, n_per_prompt + 1), greedy=flags,
+                       greedy_logprobs_at_temperature=greedy_logprobs_at_temperature)
     step = n_per_prompt + 1
     return ([out[i * step:i * step + n_per_prompt] for i in range(len(prompts_token_ids))],
             [out[i * step + n_per_prompt] for i in range(len(prompts_token_ids))])
+
+
+def repeat(boards: Sequence[Collection[str]] | None, n: int) -> list[Collection[str]] | None:
+    """Each prompt's board `n` times, as the prompts are repeated for their samples."""
+    return None if boards is None else [b for b in boards for _ in range(n)]
 
 
 def _start(spec: GameSpec, cfg: RolloutConfig) -> _Game:
@@ -218,7 +240,7 @@ def _play(running: list[_Game], tokenizer, generate: GenerateFn, cfg: RolloutCon
             break
         turn_no += 1
         prompts = [prompt_token_ids(tokenizer, cfg, g.episode.state, g.texts, g.turn_errors) for g in active]
-        replies = generate(prompts, cfg)
+        replies = call_backend(generate, prompts, cfg, [list(g.episode.state.guesses) for g in active])
         if len(replies) != len(prompts):
             raise RuntimeError(f"generation backend returned {len(replies)} replies for {len(prompts)} prompts")
         for i, game, prompt, reply in zip(active_index, active, prompts, replies):

@@ -11,8 +11,12 @@ the batch shares and that carries no target (for chat data: `<bos>`, the turn ma
 about a third of a compact-prompt example) becomes `batch.prefix`: it runs through the model once and every
 example's remaining tokens attend to its keys and values (`logits.shared_prefix_logits`, with gradients),
 which gives the same loss and gradient as the padded batch (tests/test_sft.py) for less work
-(benchmarks/sft_throughput.py). With `letter_ids` (SFT's `grammar_loss`), only the reply's letters are targets,
-each a choice among the 26 letter tokens, projected on their 26 rows: the policy grammar decoding plays.
+(benchmarks/sft_throughput.py). With `letter_ids` (SFT's `decode` "grammar"), only the reply's letters are targets,
+each a choice among the 26 letter tokens, projected on their 26 rows: the policy grammar decoding plays. With a
+`trie` as well (`decode` "words"), each letter's choices are only the letters that continue an allowed word that is
+not on the example's board (its third element: the board's words), the policy words decoding plays. With
+`train_tags`, the reply's other tokens (its tags and end token, which those decodings force) are targets too, over
+the whole vocabulary, so the adapter also writes them itself (free decoding).
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .logits import full_logits_at, has_split_head, selected_logits, shared_prefix_logits
+from .logits import (full_logits_at, has_split_head, hidden_at, project, selected_logits,
+                     shared_prefix_logits)
+from ..errors import UserError
+from .reply_grammar import LETTERS, LetterGrammar, WordTrie, grammar_applies
 
 
 @dataclass
@@ -37,6 +44,51 @@ class SFTBatch:
     length: int           # total real tokens in the batch (prompt included), for throughput
     prefix: mx.array | None = None   # (C,) int32 tokens every example starts with; `inputs` holds what follows
     letter_ids: mx.array | None = None   # grammar loss: the 26 letter token ids; `targets` index into them
+    allowed: mx.array | None = None      # words loss: (P, 26) bool, the letters words decoding offers at each target
+    tags: tuple | None = None            # train_tags: (positions, token ids, weights) of the reply's forced tokens
+
+    def loss_args(self) -> tuple:
+        """The arguments of `loss_sum` after the model, for this batch."""
+        return (self.inputs, self.positions, self.targets, self.weights, False, self.prefix, self.letter_ids,
+                self.allowed, self.tags)
+
+
+class LetterLoss:
+    """What the grammar and words losses need: the letter token ids, the allowed-words trie (words only) and
+    whether the forced tokens train too (`train_tags`)."""
+
+    def __init__(self, letter_ids: list[int], trie: WordTrie | None, train_tags: bool):
+        self.letter_ids, self.trie, self.train_tags = letter_ids, trie, train_tags
+
+
+def letter_loss(decode: str, train_tags: bool, tokenizer, prompt_cfg, seqs: Sequence[tuple], source
+                ) -> LetterLoss | None:
+    """SFT's grammar or words loss (`decode`; None for free, the full loss) for tokenized examples (tokens,
+    prompt length, board words or None), after checking that every reply has exactly 5 letter tokens and, for
+    the words loss, that its board is recorded and its word is allowed and off the board."""
+    if decode == "free":
+        return None
+    from ..game.words import guess_list
+
+    if not grammar_applies(prompt_cfg):
+        raise UserError(f"decode: {decode!r} needs data in guess_format 'letters' without a think block, not "
+                        f"guess_format {prompt_cfg.guess_format!r} with require_think {prompt_cfg.require_think}")
+    ids = LetterGrammar.for_tokenizer(tokenizer).letter_ids
+    letters = set(ids)
+    trie = WordTrie(guess_list()) if decode == "words" else None
+    for i, (tokens, prompt_length, board) in enumerate(seqs, start=1):
+        reply = [t for t in tokens[prompt_length:] if t in letters]
+        if len(reply) != 5:
+            raise UserError(f"{source}: record {i}: decode {decode!r} needs 5 letter tokens in the reply, found "
+                            f"{len(reply)}")
+        if trie is not None:
+            if board is None:
+                raise UserError(f"{source}: record {i}: decode 'words' needs meta.history (the board's words)")
+            word = "".join(LETTERS[ids.index(t)] for t in reply)
+            if word not in trie.words or word in board:
+                raise UserError(f"{source}: record {i}: decode 'words': the reply {word!r} is "
+                                + ("not an allowed word" if word not in trie.words else "already on the board"))
+    return LetterLoss(ids, trie, train_tags)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -54,37 +106,64 @@ def shared_start(seqs: Sequence[tuple]) -> int:
     return n
 
 
+def padded_arrays(positions: list[int], values: list, pad_to: int) -> tuple[mx.array, mx.array, mx.array]:
+    """(positions, values, weights) padded to a multiple of `pad_to` with weight-0 entries."""
+    n = len(positions)
+    padded = round_up(n, pad_to)
+    weights = np.zeros(padded, dtype=np.float32)
+    weights[:n] = 1.0
+    return (mx.array(np.array(positions + [0] * (padded - n), dtype=np.int32)),
+            mx.array(np.array(values + [0] * (padded - n), dtype=np.int32)), mx.array(weights))
+
+
 def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | None = None,
-               share_prefix: bool = False, letter_ids: Sequence[int] | None = None) -> SFTBatch:
-    """Arrays for a batch of (tokens, prompt_length); see the module docstring. With `letter_ids` (the grammar
-    loss) only the targets that are letter tokens are kept, as indices into `letter_ids`."""
-    seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1]) for s in sequences]
+               share_prefix: bool = False, letter_ids: Sequence[int] | None = None, trie=None,
+               train_tags: bool = False) -> SFTBatch:
+    """Arrays for a batch of (tokens, prompt_length[, board words]); see the module docstring. With `letter_ids`
+    (the grammar loss) only the targets that are letter tokens are kept, as indices into `letter_ids`; with `trie`
+    (a WordTrie: the words loss) each gets the letters words decoding offers there; with `train_tags` the other
+    assistant tokens are kept as full-vocabulary targets in `tags`."""
+    seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1], tuple(s[2]) if len(s) > 2 else ())
+            for s in sequences]
     start = shared_start(seqs) if share_prefix else 0
-    width = round_up(max(len(t) - 1 - start for t, _ in seqs), pad_to)
+    width = round_up(max(len(t) - 1 - start for t, _, _ in seqs), pad_to)
     inputs = np.zeros((len(seqs), width), dtype=np.int32)
-    positions, targets = [], []
-    for b, (tokens, offset) in enumerate(seqs):
+    positions, targets, allowed, tag_positions, tag_targets = [], [], [], [], []
+    for b, (tokens, offset, board) in enumerate(seqs):
         inputs[b, : len(tokens) - 1 - start] = tokens[start:-1]
+        written = ""
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
             if letter_ids is not None:
                 if tokens[j + 1] not in letter_ids:
+                    if train_tags:
+                        tag_positions.append(b * width + j - start)
+                        tag_targets.append(tokens[j + 1])
                     continue
-                targets.append(letter_ids.index(tokens[j + 1]))
+                index = letter_ids.index(tokens[j + 1])
+                targets.append(index)
+                if trie is not None:
+                    allowed.append(trie.allowed(written, board))
+                    if not allowed[-1][index]:
+                        raise ValueError(f"letter {LETTERS[index]!r} after {written!r} spells no allowed word off the "
+                                         f"board {list(board)}")
+                    written += LETTERS[index]
             else:
                 targets.append(tokens[j + 1])
             positions.append(b * width + j - start)
     n = len(positions)
     if n == 0:
         raise ValueError("batch has no assistant tokens to train on")
-    padded = round_up(n, pad_to)
-    weights = np.zeros(padded, dtype=np.float32)
-    weights[:n] = 1.0
-    positions += [0] * (padded - n)
-    targets += [0] * (padded - n)
-    return SFTBatch(mx.array(inputs), mx.array(np.array(positions, dtype=np.int32)),
-                    mx.array(np.array(targets, dtype=np.int32)), mx.array(weights), n,
-                    sum(len(s[0]) for s in seqs), mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None,
-                    mx.array(list(letter_ids)) if letter_ids is not None else None)
+    pos, tgt, weights = padded_arrays(positions, targets, pad_to)
+    mask = None
+    if trie is not None:
+        mask = np.ones((round_up(n, pad_to), 26), dtype=bool)
+        mask[:n] = allowed
+        mask = mx.array(mask)
+    tags = padded_arrays(tag_positions, tag_targets, pad_to) if tag_positions else None
+    return SFTBatch(inputs=mx.array(inputs), positions=pos, targets=tgt, weights=weights,
+                    tokens=n + len(tag_positions), length=sum(len(s[0]) for s in seqs),
+                    prefix=mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None,
+                    letter_ids=mx.array(list(letter_ids)) if letter_ids is not None else None, allowed=mask, tags=tags)
 
 
 def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx.array, mx.array]:
@@ -95,12 +174,39 @@ def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx
     return full, (positions // width) * (width + c) + positions % width + c
 
 
-def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None, letter_ids=None):
+def masked_cross_entropy(logits, targets, allowed):
+    """Cross-entropy of `targets` under softmax(logits) renormalised over the `allowed` entries (None: all)."""
+    if allowed is None:
+        return nn.losses.cross_entropy(logits, targets)
+    masked = mx.where(allowed, logits, -mx.inf)
+    return mx.logsumexp(masked, axis=-1) - mx.take_along_axis(masked, targets[:, None], axis=-1)[:, 0]
+
+
+def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None, letter_ids=None,
+             allowed=None, tags=None):
     """(summed weighted cross-entropy over real targets, their summed weight); `prefix`: see `make_batch`; with
-    `letter_ids`, the cross-entropy over those tokens only (targets index into them: the grammar loss)."""
+    `letter_ids`, the cross-entropy over those tokens only (targets index into them: the grammar loss), over the
+    `allowed` ones of each row when given (the words loss); `tags`: (positions, token ids, weights) scored over
+    the whole vocabulary and added."""
     if prefix is not None and (full_logits or not has_split_head(model)):
-        inputs, positions = unshare(prefix, inputs, positions)
+        continuations = inputs
+        inputs, positions = unshare(prefix, continuations, positions)
+        if tags is not None:
+            tags = (unshare(prefix, continuations, tags[0])[1], *tags[1:])
         prefix = None
+    if tags is not None:
+        tag_pos, tag_targets, tag_weights = tags
+        both = mx.concatenate([positions, tag_pos])
+        if full_logits or not has_split_head(model):
+            logits = full_logits_at(model, inputs, both).astype(mx.float32)
+            letters, tag_logits = logits[:positions.shape[0], letter_ids], logits[positions.shape[0]:]
+        else:
+            hidden = hidden_at(model, inputs, both, prefix)
+            letters = project(model, hidden[:positions.shape[0]], letter_ids).astype(mx.float32)
+            tag_logits = project(model, hidden[positions.shape[0]:]).astype(mx.float32)
+        ce = masked_cross_entropy(letters, targets, allowed)
+        tag_ce = nn.losses.cross_entropy(tag_logits, tag_targets)
+        return (ce * weights).sum() + (tag_ce * tag_weights).sum(), weights.sum() + tag_weights.sum()
     if prefix is not None:
         logits = shared_prefix_logits(model, prefix, inputs, positions, letter_ids).astype(mx.float32)
     elif full_logits:
@@ -108,11 +214,11 @@ def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = Fal
         logits = logits if letter_ids is None else logits[:, letter_ids]
     else:
         logits = selected_logits(model, inputs, positions, letter_ids).astype(mx.float32)
-    ce = nn.losses.cross_entropy(logits, targets)
+    ce = masked_cross_entropy(logits, targets, allowed)
     return (ce * weights).sum(), weights.sum()
 
 
 def mean_loss(model, batch: SFTBatch, full_logits: bool = False) -> mx.array:
-    total, count = loss_sum(model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits,
-                            batch.prefix, batch.letter_ids)
+    args = batch.loss_args()
+    total, count = loss_sum(model, *args[:4], full_logits, *args[5:])
     return total / count

@@ -7,8 +7,9 @@ reached itself (a DAgger round), it won 29 of 320 *train* secrets. Any answer th
 (hard-mode play with consistent answers wins nearly every game), so this stage keeps the rule and changes the
 label: on each board the target is the candidate answer (the answers consistent with the feedback, as the teacher
 uses) to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run once per
-board): under `decode` grammar (the default, the policy eval, play and train decode with) the log-probability of
-its 5 letters among the 26 letter tokens, under free that of the whole reply over the vocabulary. Optionally the
+board): under `decode` grammar (the default) the log-probability of its 5 letters among the 26 letter tokens
+(grammar decoding's policy), under words that of its 5 letters each among the letters that continue an allowed word
+off the board (words decoding's policy), under free that of the whole reply over the vocabulary. Optionally the
 empty board's label is a given `opener` (e.g. the teacher's), since it decides every game's tree and a weak
 labeller's favourite can be a poor first guess. The boards are those of self-play with that rule from the empty
 board over the split's secrets (train for train, valid for valid, never test), so the data follows the path the
@@ -25,7 +26,6 @@ import json
 import random
 import time
 from collections import Counter
-from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -37,7 +37,7 @@ from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES, check_guess
 from ..game.words import answers
 from ..llm.prompts import PromptConfig, build_messages, choose_prompt, format_reply
-from ..llm.reply_grammar import LetterGrammar, effective_mode
+from ..llm.reply_grammar import DecodeMode, LetterGrammar, WordTrie, effective_mode
 from ..progress import console, progress_bar
 from .data import invalid_reply, teacher_guess, write_checked_sft
 from .entropy import load_table
@@ -56,10 +56,11 @@ class ChoiceConfig(StrictModel):
     prompt: PromptConfig | None = Field(None, description="Prompt settings (None: the adapter's, else the default).")
     opener: str | None = Field(None, description="Label of the empty board, so every game's first guess (an answer "
                                "word); None: the fitting answer the model scores highest, as on every other board.")
-    decode: Literal["free", "grammar"] = Field("grammar", description="How a candidate is scored: grammar, the "
-                                              "log-probability of its 5 letters among the 26 letter tokens (grammar "
-                                              "decoding's policy); free, of the whole reply over the vocabulary. "
-                                              "Prompts with a think block or whole-word replies are scored free.")
+    decode: DecodeMode = Field("grammar", description="How a candidate is scored: grammar, the log-probability of "
+                               "its 5 letters among the 26 letter tokens (grammar decoding's policy); words, of its 5 "
+                               "letters each among the letters that continue an allowed word off the board (words "
+                               "decoding's policy); free, of the whole reply over the vocabulary. Prompts with a "
+                               "think block or whole-word replies are scored free.")
     score_chunk: int = Field(32, ge=1, description="Candidate replies scored per forward pass.")
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Which secrets are played and the retry examples.")
     progress: bool = Field(True, description="Show progress bars.")
@@ -78,9 +79,10 @@ class ChoiceLabeler:
     candidate reply the model scores highest (memoised)."""
 
     def __init__(self, model, tokenizer, solver: Solver, prompt: PromptConfig, chunk: int, opener: str | None = None,
-                 grammar=None):
+                 grammar=None, trie=None):
         self.model, self.tokenizer, self.solver, self.prompt, self.chunk = model, tokenizer, solver, prompt, chunk
         self.grammar = grammar               # a LetterGrammar: score letters only (grammar decoding's policy)
+        self.trie = trie                     # a WordTrie: and only those words decoding offers (its policy)
         self.memo: dict[tuple, tuple[str, int, float | None]] = {}
         if opener is not None:
             self.memo[()] = (opener, len(solver.table.answers), None)
@@ -109,7 +111,8 @@ class ChoiceLabeler:
                 messages = self.messages(list(history))
                 prompt_ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
                 if self.grammar is not None:
-                    scores = letter_logprobs(self.model, prompt_ids, words, self.grammar, self.chunk)
+                    scores = letter_logprobs(self.model, prompt_ids, words, self.grammar, self.chunk, self.trie,
+                                             [g for g, _ in history])
                 else:
                     replies = [reply_token_ids(self.tokenizer, messages, self.reply(w), prompt_ids) for w in words]
                     scores = reply_logprobs(self.model, prompt_ids, replies, self.chunk)
@@ -190,8 +193,9 @@ def run(cfg: ChoiceConfig) -> dict:
     model, tokenizer = load_model(cfg.model, adapter_path=adapter, dtype=cfg.dtype)
     model.eval()
     decode = effective_mode(cfg.decode, prompt, "decode" in cfg.model_fields_set)
-    grammar = LetterGrammar.for_tokenizer(tokenizer) if decode == "grammar" else None
-    labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener, grammar)
+    grammar = LetterGrammar.for_tokenizer(tokenizer) if decode != "free" else None
+    trie = WordTrie(solver.table.guesses) if decode == "words" else None
+    labeler = ChoiceLabeler(model, tokenizer, solver, prompt, cfg.score_chunk, cfg.opener, grammar, trie)
 
     data, stats = {}, {"model": cfg.model, "adapter": display_path(adapter) if adapter else None, "seed": cfg.seed,
                        "prompt": prompt.model_dump(), "decode": decode,

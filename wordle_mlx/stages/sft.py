@@ -7,7 +7,10 @@ projected onto the vocabulary only at those positions (`llm/sft_loss.py`), batch
 length-sorted examples in a per-epoch shuffled order, gradient accumulation, global-norm clipping, AdamW
 with linear warmup then cosine decay. Every `valid_every` steps it logs the validation loss, every
 `game_eval.every` steps it plays a few valid-split games with the rollout engine, every `save_every`
-steps it writes a checkpoint. Everything goes to `logs/<run>/` (config.json, metrics.jsonl in the
+steps it writes a checkpoint. `decode` picks the loss: the full loss (free), the reply's letters as choices among
+the 26 letter tokens (grammar), or among the letters that continue an allowed word off the board (words), with
+`train_tags` adding the reply's forced tokens; the adapter records which (`decode`, `trained_tags` in
+adapter_config.json), and eval, play and export default to it. Everything goes to `logs/<run>/` (config.json, metrics.jsonl in the
 format of docs/METRICS.md, checkpoints/, adapters/). `resume` continues from the last complete
 checkpoint: adapters, optimizer state, step and data position are restored, and the dropout RNG is
 re-seeded from (seed, step) every step, so the continued run computes what an uninterrupted one would.
@@ -25,6 +28,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 from pydantic import Field, model_validator
+from typing import Any
 
 from ..config import (MODEL_SPEC_HELP, LoraConfig, StrictModel, config_hash, config_relative_path, display_path,
                       read_json_file, resolve_path)
@@ -32,7 +36,8 @@ from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
 from ..llm import lora
 from ..llm.prompts import FORMAT_ERRORS, PromptConfig, system_prompt
-from ..llm.sft_loss import SFTBatch, loss_sum, make_batch
+from ..llm.reply_grammar import DecodeMode, adapter_decoding, decoding_record
+from ..llm.sft_loss import LetterLoss, SFTBatch, letter_loss, loss_sum, make_batch
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from ..stop_signals import StopSignals, agreed_stop
@@ -71,9 +76,16 @@ class SFTConfig(StrictModel):
     share_prefix: bool = Field(True, description="Run the start that all examples of a batch share (chat "
                                "markers, system line) once per batch: the same loss, less work.")
     grad_checkpoint: bool = Field(False, description="Recompute activations in the backward pass (less memory).")
-    grammar_loss: bool = Field(False, description="Train only the reply's 5 letters, each as a choice among the 26 "
-                               "letter tokens (the policy grammar decoding plays; its tags are forced), projected "
-                               "on those 26 rows only. Needs letters-format replies without a think block.")
+    decode: DecodeMode = Field("free", description="The decoding policy the loss trains. free: the full loss, every "
+                               "reply token over the vocabulary. grammar: only the reply's 5 letters, each as a choice "
+                               "among the 26 letter tokens (grammar decoding's policy; its tags are forced), projected "
+                               "on those 26 rows only. words: as grammar, each letter a choice among the letters that "
+                               "continue an allowed word not on the example's board (meta.history), words decoding's "
+                               "policy. grammar and words need letters-format replies without a think block. "
+                               "(grammar_loss true, the old name, means grammar.)")
+    train_tags: bool = Field(False, description="With decode grammar or words: also train the reply's other tokens "
+                             "(tags and end token, which those decodings force) over the whole vocabulary, so the "
+                             "adapter writes them itself and free decoding (Ollama, plain mlx_lm.generate) can play.")
     valid_every: int = Field(60, ge=0, description="Validation loss every N steps (and at the end); 0 = never.")
     valid_batches: int = Field(4, ge=0, description="Validation batches per pass; 0 = all.")
     game_eval: GameEvalConfig = Field(default_factory=GameEvalConfig)
@@ -82,6 +94,22 @@ class SFTConfig(StrictModel):
     resume: str | None = Field(None, description="Run folder to continue from its latest checkpoint.")
     overwrite: bool = Field(False, description="Replace an existing run folder of the same name.")
     progress: bool = Field(True, description="Show a progress bar.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_grammar_loss(cls, data: Any) -> Any:
+        """grammar_loss (the old name of decode "grammar") still works: true means decode "grammar"."""
+        if isinstance(data, dict) and "grammar_loss" in data:
+            data = dict(data)
+            old = data.pop("grammar_loss")
+            if not isinstance(old, bool):
+                raise ValueError(f"grammar_loss: expected true or false, got {old!r} (its new name is decode)")
+            if old:
+                if data.get("decode", "grammar") != "grammar":
+                    raise ValueError(f"grammar_loss true and decode {data['decode']!r}: grammar_loss is the old name "
+                                     "of decode 'grammar'; set decode alone")
+                data["decode"] = "grammar"
+        return data
 
     @model_validator(mode="after")
     def _check_train_layers(self) -> "SFTConfig":
@@ -112,35 +140,36 @@ def tokenize(records: list[dict], tokenizer, source: Path) -> list[tuple]:
     return out
 
 
-def make_batches(seqs: list[tuple], cfg: SFTConfig, world=None, letter_ids: list[int] | None = None
+def with_boards(seqs: list[tuple], records: list[dict]) -> list[tuple]:
+    """(tokens, prompt length, the board's words from meta.history, or None when the record has none)."""
+    out = []
+    for (tokens, prompt_length), r in zip(seqs, records):
+        meta = r.get("meta")
+        history = meta.get("history") if isinstance(meta, dict) else None
+        out.append((tokens, prompt_length, tuple(history) if isinstance(history, list) else None))
+    return out
+
+
+def make_batches(seqs: list[tuple], cfg: SFTConfig, world=None, letters: LetterLoss | None = None
                  ) -> list[SFTBatch | None]:
     """Length buckets: examples sorted by length, cut into batches of `batch_size` (the last may be smaller).
     With several ranks each global batch is split: a rank keeps its examples rank, rank + size, ... of it
-    (None when a short last batch leaves it none). `letter_ids`: the grammar loss's letter tokens."""
+    (None when a short last batch leaves it none). `letters`: the grammar or words loss."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i][0]), i))
     shares = [order[s:s + cfg.batch_size][rank::size] for s in range(0, len(order), cfg.batch_size)]
-    return [make_batch([seqs[i] for i in mine], cfg.pad_to, cfg.max_seq_length, cfg.share_prefix, letter_ids)
-            if mine else None for mine in shares]
+    extra = {} if letters is None else {"letter_ids": letters.letter_ids, "trie": letters.trie,
+                                        "train_tags": letters.train_tags}
+    return [make_batch([(*seqs[i][:2], seqs[i][2] if len(seqs[i]) > 2 and seqs[i][2] else ()) for i in mine],
+                       cfg.pad_to, cfg.max_seq_length,
+                       cfg.share_prefix, **extra) if mine else None for mine in shares]
 
 
-def grammar_letter_ids(cfg: SFTConfig, tokenizer, prompt_cfg: PromptConfig, seqs: list[tuple], source: Path):
-    """The letter token ids of the grammar loss (None without it), after checking that every example's reply
-    has exactly 5 letter tokens."""
-    if not cfg.grammar_loss:
-        return None
-    from ..llm.reply_grammar import LetterGrammar, grammar_applies
-
-    if not grammar_applies(prompt_cfg):
-        raise UserError(f"grammar_loss: needs data in guess_format 'letters' without a think block, not "
-                        f"guess_format {prompt_cfg.guess_format!r} with require_think {prompt_cfg.require_think}")
-    ids = LetterGrammar.for_tokenizer(tokenizer).letter_ids
-    letters = set(ids)
-    for i, (tokens, prompt_length) in enumerate(seqs, start=1):
-        n = sum(t in letters for t in tokens[prompt_length:])
-        if n != 5:
-            raise UserError(f"{source}: record {i}: grammar_loss needs 5 letter tokens in the reply, found {n}")
-    return ids
+def trained_decoding(cfg: SFTConfig, start_adapter: Path | None) -> dict:
+    """The adapter_config.json record of this run: its decode, and whether the reply's tags were trained (by the
+    full loss, by train_tags, or by the adapter it started from)."""
+    _, start_tags = adapter_decoding(start_adapter)
+    return decoding_record(cfg.decode, cfg.decode == "free" or cfg.train_tags or bool(start_tags))
 
 
 def batch_at(position: int, n_batches: int, seed: int) -> int:
@@ -157,7 +186,7 @@ def mean_gradient(model, loss_and_grad, batches: list[SFTBatch | None], world=No
     for b in batches:
         if b is None:                    # this rank has no example in a short last batch
             continue
-        (s, n), g = loss_and_grad(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.letter_ids)
+        (s, n), g = loss_and_grad(model, *b.loss_args())
         grads = g if grads is None else tree_map(mx.add, grads, g)
         mx.eval(grads, s, n)
         total, count, length = total + s.item(), count + n.item(), length + b.length
@@ -173,7 +202,7 @@ def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
     """Token-weighted validation loss; with several ranks, over every rank's batches."""
     total, count = 0.0, 0.0
     for b in batches:
-        s, n = loss_sum(model, b.inputs, b.positions, b.targets, b.weights, False, b.prefix, b.letter_ids)
+        s, n = loss_sum(model, *b.loss_args())
         mx.eval(s, n)
         total, count = total + s.item(), count + n.item()
     if world is not None:
@@ -188,7 +217,8 @@ def game_eval(model, tokenizer, cfg: SFTConfig, prompt: PromptConfig, world) -> 
     from ..llm.rollout import GameSpec, RolloutConfig, play_games
 
     specs = [GameSpec(secret=w) for w in world.shard(split_words("valid")[: cfg.game_eval.games])]
-    rcfg = RolloutConfig(prompt=prompt, max_tokens_per_turn=cfg.game_eval.max_tokens_per_turn)
+    words = {"decode": "words"} if cfg.decode == "words" else {}     # else the default, grammar where it applies
+    rcfg = RolloutConfig(prompt=prompt, max_tokens_per_turn=cfg.game_eval.max_tokens_per_turn, **words)
     episodes = play_games(model, tokenizer, specs, rcfg, set(guess_list())) if specs else []
     model.train()
     turns = [t for e in episodes for t in e.turns]
@@ -257,6 +287,7 @@ def run(cfg: SFTConfig) -> dict:
     trainable = lora.apply_lora(model, cfg.lora.num_layers, lora_params)
     adapter_cfg = lora.adapter_config(cfg.lora.num_layers, lora_params, cfg.model, prompt_cfg.model_dump())
     start_adapter = resolve_path(cfg, cfg.start_adapter).resolve() if cfg.start_adapter else None
+    adapter_cfg.update(trained_decoding(cfg, start_adapter))
     if start_adapter is not None and resume is None:   # a resumed run takes its weights from the checkpoint
         lora.load_adapter_weights(model, start_adapter, scale=cfg.lora.scale)
     if cfg.lora.train_layers is not None:              # before the optimizer and any checkpoint are loaded
@@ -267,11 +298,13 @@ def run(cfg: SFTConfig) -> dict:
     from ..llm.memory import configure_metal_memory, free_cache
     configure_metal_memory()
 
-    train_seqs = tokenize(train_records, tokenizer, data_dir / "train.jsonl")
-    letter_ids = grammar_letter_ids(cfg, tokenizer, prompt_cfg, train_seqs, data_dir / "train.jsonl")
-    train_batches = make_batches(train_seqs, cfg, world, letter_ids)
-    valid_batches = make_batches(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), cfg, None,
-                                 letter_ids) if valid_records else []
+    train_seqs = with_boards(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), train_records)
+    letters = letter_loss(cfg.decode, cfg.train_tags, tokenizer, prompt_cfg, train_seqs, data_dir / "train.jsonl")
+    valid_seqs = with_boards(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), valid_records)
+    if letters is not None and valid_seqs:
+        letter_loss(cfg.decode, cfg.train_tags, tokenizer, prompt_cfg, valid_seqs, data_dir / "valid.jsonl")
+    train_batches = make_batches(train_seqs, cfg, world, letters)
+    valid_batches = make_batches(valid_seqs, cfg, None, letters) if valid_records else []
     if cfg.valid_batches and cfg.valid_batches < len(valid_batches):
         # batches are sorted by length: take them evenly across lengths, not just the shortest (empty boards)
         picks = np.unique(np.linspace(0, len(valid_batches) - 1, cfg.valid_batches).round().astype(int))

@@ -1,7 +1,10 @@
-"""`wordle-mlx eval` and `wordle-mlx play` on the tiny random model (fast)."""
+"""`wordle-mlx eval` and `wordle-mlx play` on the tiny random model (fast); the decoding an adapter records is
+what they use by default, and free decoding of an adapter whose tags were never trained warns."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import tempfile
 import unittest
@@ -10,7 +13,13 @@ from pathlib import Path
 from wordle_mlx.config import load_config
 from wordle_mlx.errors import UserError
 from wordle_mlx.game.splits import split_words
+from wordle_mlx.llm.reply_grammar import adapter_decoding
+from wordle_mlx.llm.rollout import RolloutConfig
 from wordle_mlx.stages import evaluate, play
+
+from tests.dtype_models import write_adapter
+
+SHIPPED = Path(__file__).resolve().parents[1] / "adapters" / "gemma-3-270m-wordle"
 
 SUMMARY_KEYS = {"games", "wins", "win_rate", "win_rate_ci95", "mean_guesses_on_wins", "histogram", "format_error_rate",
                 "invalid_rate", "repeat_rate", "consistent_rate", "mean_completion_tokens", "tokens_per_second",
@@ -90,6 +99,62 @@ class TestEval(unittest.TestCase):
         self.assertEqual(evaluate.wilson_interval(61, 200), [0.2454, 0.372])
         self.assertEqual(evaluate.wilson_interval(0, 3)[0], 0.0)
         self.assertEqual(evaluate.wilson_interval(3, 3)[1], 1.0)
+
+
+class AdapterDecodingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.adapter = Path(cls._tmp.name) / "adapter"
+        write_adapter(cls.adapter)
+        cls.config = json.loads((cls.adapter / "adapter_config.json").read_text())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def record(self, **entries) -> str:
+        (self.adapter / "adapter_config.json").write_text(json.dumps({**self.config, **entries}))
+        return str(self.adapter)
+
+    def run_eval(self, adapter: str, **overrides) -> tuple[dict, str]:
+        cfg = {"model": "builtin:tiny-random", "adapter": adapter, "games": 2, "rollout.max_invalid_replies": 2,
+               "progress": False, "json_output": True, "baselines": False, **overrides}
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            result = evaluate.run(load_config(None, evaluate.EvalConfig, cfg))
+        return result, err.getvalue()
+
+    def test_eval_plays_the_recorded_decoding_unless_told_otherwise(self):
+        adapter = self.record(decode="words", trained_tags=False)
+        result, err = self.run_eval(adapter)
+        self.assertEqual(result["decode"], "words")
+        self.assertEqual((result["invalid_rate"], result["format_error_rate"], result["repeat_rate"]), (0.0, 0.0, 0.0))
+        self.assertEqual(err, "")
+        self.assertEqual(self.run_eval(adapter, **{"rollout.decode": "grammar"})[0]["decode"], "grammar")
+        self.assertEqual(self.run_eval(self.record())[0]["decode"], "grammar")      # no record: today's default
+        adapter = self.record(decode="words", trained_tags=False)
+        self.assertEqual(RolloutConfig().for_adapter(adapter).decode, "words")    # play's default too
+
+    def test_the_shipped_adapter_records_nothing_and_keeps_grammar(self):
+        """So `eval --adapter adapters/gemma-3-270m-wordle` plays the games it played before the record existed."""
+        self.assertEqual(adapter_decoding(SHIPPED), (None, None))
+        self.assertEqual(RolloutConfig().for_adapter(SHIPPED).decode, "grammar")
+
+    def test_free_decoding_warns_when_the_tags_were_never_trained(self):
+        result, err = self.run_eval(self.record(decode="grammar", trained_tags=False), **{"rollout.decode": "free",
+                                                                                          "rollout.max_tokens_per_turn": 8})
+        self.assertEqual(result["decode"], "free")
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn("never on the reply's tags", err)
+        self.assertIn("--decode grammar", err)
+        for entries in ({"decode": "grammar", "trained_tags": True}, {}):
+            _, err = self.run_eval(self.record(**entries), **{"rollout.decode": "free", "rollout.max_tokens_per_turn": 8})
+            self.assertEqual(err, "", entries)
+
+    def test_a_bad_record_is_a_one_line_error(self):
+        with self.assertRaisesRegex(UserError, "adapter_config.json: decode: unknown mode 'fast'"):
+            adapter_decoding(self.record(decode="fast"))
 
 
 class TestPlay(unittest.TestCase):

@@ -128,6 +128,9 @@ class SFTTest(unittest.TestCase):
         compact = PromptConfig(style="compact")
         self.assertEqual(choose_prompt(compact, True, run_dir / "adapters"), compact)
         self.assertEqual(choose_prompt(compact, False, run_dir / "adapters").model_dump(), trained)
+        # and the decoding it was trained for: the full loss trains every reply token, the tags included
+        acfg = json.loads((run_dir / "adapters" / "adapter_config.json").read_text())
+        self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("free", True))
         self.assertEqual(choose_prompt(compact, False, None), compact)
         with self.assertRaisesRegex(UserError, "already exists"):
             sft.run(cfg)

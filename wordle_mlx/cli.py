@@ -114,7 +114,7 @@ def plot(ctx: typer.Context,
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model spec: builtin:gemma-3-270m, builtin:tiny-random, HF id or folder.")]
 AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder to load (its recorded prompt and reply format apply) (default: none, the base model).")]
-DecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
+DecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: the decoding the adapter records it was trained for, else grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply (default: what the reply format needs: 16 without a think block, 256 with one).")]
 
 
@@ -297,23 +297,25 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
     result = stage.run(cfg)
     if not json_output:
         from .progress import console
-        relation = "<=" if result["within_tolerance"] else "> the float bound"   # only a re-quantized output may
         console.print(f"fused {result['fused_layers']} layers into {result['out']} ({result['output']} "
-                      f"{result['dtype']}; max logit diff {result['max_abs_logit_diff']:.2e} {relation} "
-                      f"{result['tolerance']:.2e}); {result['vision']}")
+                      f"{result['dtype']}; max logit diff {result['max_abs_logit_diff']:.2e} <= "
+                      f"{result['tolerance']:.2e}, the adapter's own effect {result['adapter_effect']:.2e}); "
+                      f"{result['vision']}")
     emit(result, json_output)
 
 
 @app.command()
-def plan(config: Annotated[Path, typer.Option("--config", "-c", help="An SFT or GRPO config file.")],
+def plan(config: Annotated[Path, typer.Option("--config", "-c", help="An SFT, GRPO, eval or self-play config file.")],
          model_config: Annotated[Optional[Path], typer.Option("--model-config", help="The model's config.json (or its folder), instead of finding it from the config's model.")] = None,
          memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Find the largest batch for this much memory (default: this machine's).")] = None,
          prompt_tokens: Annotated[Optional[int], typer.Option("--prompt-tokens", help="Prompt length in tokens (default: estimated from the prompt style).")] = None,
+         measure: Annotated[bool, typer.Option("--measure", help="Also run two real steps of the stage here: MLX's measured peak and the whole stage's projected time.")] = False,
          json_output: JsonFlag = False) -> None:
-    """Expected peak memory of one SFT or GRPO step, itemised, the Macs it fits and the largest batch that fits."""
+    """Expected peak memory of an SFT, GRPO, eval or self-play config, itemised, the Macs it fits and the largest batch that fits."""
     from .stages import plan as stage
     cfg = load_config(None, stage.PlanConfig, {"config": str(config), "model_json": str(model_config) if model_config else None,
-                                               "memory_gb": memory_gb, "prompt_tokens": prompt_tokens, "json_output": json_output})
+                                               "memory_gb": memory_gb, "prompt_tokens": prompt_tokens,
+                                               "measure": measure, "json_output": json_output})
     emit(stage.run(cfg), json_output)
 
 

@@ -17,6 +17,7 @@ command fails.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Literal
 
@@ -32,6 +33,7 @@ from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.words import guess_list
 from ..llm.prompts import FORMAT_ERRORS, NOT_A_WORD
+from ..llm.reply_grammar import untrained_tags_warning
 from ..llm.rollout import GameSpec, RolloutConfig, decode_mode, play_games
 from ..progress import console, progress_bar
 from .entropy import load_table
@@ -168,8 +170,11 @@ def show(result: dict) -> None:
 def run(cfg: EvalConfig) -> dict:
     deadline = time.monotonic() + cfg.timeout if cfg.timeout else None
     adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None
-    if adapter is not None:    # the prompts the adapter was trained on, unless rollout.prompt is set
+    if adapter is not None:    # the prompts and decoding the adapter was trained for, unless rollout sets them
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.for_adapter(adapter)})
+        warning = untrained_tags_warning(adapter, decode_mode(cfg.rollout))
+        if warning:
+            print(warning, file=sys.stderr)
     solver = Solver(load_table(show_progress=cfg.progress and not cfg.json_output))
     allowed = frozenset(guess_list())
     specs = game_specs(cfg, solver)

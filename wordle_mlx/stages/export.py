@@ -7,7 +7,10 @@ in float32 whatever the base dtype; a 4-bit base is dequantised first), one tens
 tower and projector are left out, and the output says so. The tokenizer comes from the bundled GGUF
 for `builtin:gemma-3-270m`, from the source `.gguf` for GGUF models, from `tokenizer.model`
 (SentencePiece) of a model folder when it has one, else from its `tokenizer.json`. The GGUF also
-records the adapter's prompt format (`wordle_mlx.prompt`, `wordle_mlx.system_prompt`). The Modelfile
+records the adapter's prompt format (`wordle_mlx.prompt`, `wordle_mlx.system_prompt`) and, when the adapter records
+them, the decoding it was trained for and whether its reply tags were trained (`wordle_mlx.decode`,
+`wordle_mlx.trained_tags`); llama.cpp and Ollama decode free, so an adapter whose tags were never trained gets a
+one-line warning. The Modelfile
 beside it (`NAME.Modelfile`) has Gemma's chat template as an Ollama template, the system line the
 adapter was trained with, `<end_of_turn>` as stop token and temperature 0 (greedy play). Both files are
 written to temporary files and renamed, so a failure leaves nothing behind.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -194,6 +198,7 @@ def run(cfg: ExportConfig) -> dict:
     from ..llm.gguf_export import text_args, write_gguf
     from ..llm.models import load_model, resolve_model
     from ..llm.prompts import PromptConfig, adapter_prompt, describe_state, system_prompt
+    from ..llm.reply_grammar import adapter_decoding, untrained_tags_warning
     from ..llm.tokenizer_build import GEMMA3_CHAT_TEMPLATE
 
     start = time.perf_counter()
@@ -223,6 +228,14 @@ def run(cfg: ExportConfig) -> dict:
     system = system_prompt(prompt)
     extra = {META_PROMPT: json.dumps(prompt.model_dump(), sort_keys=True), META_SYSTEM: system,
              "wordle_mlx.base_model": spec, "wordle_mlx.adapter": adapter.name}
+    decode, trained_tags = adapter_decoding(adapter)
+    if decode is not None:
+        extra["wordle_mlx.decode"] = decode
+    if trained_tags is not None:
+        extra["wordle_mlx.trained_tags"] = "true" if trained_tags else "false"
+    warning = untrained_tags_warning(adapter, "free")      # what llama.cpp and Ollama play
+    if warning:
+        print(warning, file=sys.stderr)
     if not cfg.json_output:
         console.print(f"exporting {spec} + adapter {display_path(adapter)} -> {display_path(out)} ({cfg.gguf_type}, "
                       "LoRA fused in float32"
@@ -238,6 +251,7 @@ def run(cfg: ExportConfig) -> dict:
               "adapter": display_path(adapter), "tensors": counts["tensors"], "vocab": counts["vocab"],
               "tokenizer": vocab.source, "non_text_tensors_left_out": skipped, "dequantized": quantized,
               "prompt": "recorded by the adapter" if recorded else "default (the adapter records none)",
+              "decode": decode, "trained_tags": trained_tags,
               "size_mb": round(out.stat().st_size / 1e6, 1), "seconds": round(time.perf_counter() - start, 1)}
     if not cfg.json_output:
         console.print(f"wrote {result['out']} ({result['size_mb']} MB, {result['tensors']} tensors, "

@@ -126,7 +126,7 @@ def play_human(secret: str, hints: Hints, allowed: frozenset, input_fn: Callable
 
 def run(cfg: PlayConfig, input_fn: Callable[[str], str] = input, print_fn: Callable | None = None) -> dict:
     print_fn = print_fn or console.print
-    if cfg.adapter:    # the prompts the adapter was trained on, unless rollout.prompt is set
+    if cfg.adapter:    # the prompts and decoding the adapter was trained for, unless rollout sets them
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.for_adapter(cfg.adapter)})
     allowed = frozenset(guess_list())
     secret = pick_secret(cfg)

@@ -1,7 +1,9 @@
-"""Tests for GRPO: advantages, packing and masks, the loss, learning a toy reward, NaN handling, exact resume."""
+"""Tests for GRPO: advantages, packing and masks, the loss, learning a toy reward, NaN handling, exact resume,
+validation from step 0 with the best adapter kept, the decoding the adapter records."""
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import unittest
@@ -28,6 +30,8 @@ from wordle_mlx.llm.lora import apply_lora, lora_parameters
 from wordle_mlx.llm.models import load_model
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import grpo as stage
+from wordle_mlx.stages.plot import PlotConfig
+from wordle_mlx.stages.plot import run as plot_run
 from . import assert_f32_close
 
 
@@ -254,6 +258,46 @@ class Stage(unittest.TestCase):
         self.assertTrue((run_dir / "adapters" / "adapters.safetensors").is_file())
         self.assertEqual(result["step"], 3)
         load_model("builtin:tiny-random", adapter_path=run_dir / "adapters")     # loads as an mlx-lm adapter
+
+    def test_validation_from_step_0_keeps_the_best_adapter(self):
+        """Words decoding: the start adapter is validated as step 0, then every 2 steps and at the end; the adapter of
+        the pass with the most wins (scripted here: step 2) is adapters_best/ and, with keep "best", the run's
+        adapters/; each step logs its share of skipped groups; the adapter records words decoding, tags untrained."""
+        cfg = stage_config(self.tmp.name, steps=3, save_every=2)
+        cfg = cfg.model_copy(update={
+            "rl": cfg.rl.model_copy(update={"decode": "words", "prompt": cfg.rl.prompt.model_copy(
+                update={"guess_format": "letters"})}),
+            "game_eval": cfg.game_eval.model_copy(update={"every": 2, "games": 3, "keep": "best"})})
+        real = stage.validate
+        scripted = {0: 0.1, 2: 0.5, 3: 0.3}
+
+        def validate(model, tokenizer, cfg, words, allowed, step, world):
+            rec = real(model, tokenizer, cfg, words, allowed, step, world)
+            self.assertEqual(len(rec["games"]), 3)
+            self.assertEqual((rec["invalid_rate"], rec["format_error_rate"], rec["repeat_rate"]), (0.0, 0.0, 0.0))
+            return {**rec, "win_rate": scripted[step]}
+
+        with mock.patch.object(stage, "validate", validate):
+            result = stage.run(cfg)
+        run_dir = Path(self.tmp.name) / "run"
+        valid = [r for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "valid"]
+        self.assertEqual([(r["step"], r["best"]) for r in valid], [(0, True), (2, True), (3, False)])
+        self.assertEqual((result["best_valid_step"], result["adapters_are"]), (2, "best"))
+        for rec in train_records(run_dir):
+            self.assertEqual(rec["skipped_group_share"], rec["skipped_groups"] / rec["groups"])
+        weights = lambda folder: (folder / "adapters.safetensors").read_bytes()   # noqa: E731
+        self.assertEqual(weights(run_dir / "adapters"), weights(run_dir / "adapters_best"))
+        self.assertEqual(weights(run_dir / "adapters"), weights(run_dir / "checkpoints" / "step_000002"))
+        self.assertNotEqual(weights(run_dir / "adapters"), weights(run_dir / "checkpoints" / "step_000003"))
+        acfg = json.loads((run_dir / "adapters" / "adapter_config.json").read_text())
+        self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("words", False))
+        with mock.patch("sys.stdout"):                   # `wordle-mlx plot` draws the validation curve
+            files = plot_run(PlotConfig(file=str(run_dir / "metrics.jsonl"), out=str(run_dir / "plots")))["files"]
+        self.assertIn("validation.png", [Path(f).name for f in files])
+
+    def test_keep_best_needs_validation(self):
+        with self.assertRaisesRegex(UserError, "keep 'best' needs every > 0"):
+            validate_config({"game_eval": {"keep": "best"}}, stage.GRPOConfig, "grpo.json")
 
     def test_nonfinite_loss_is_skipped_then_stops(self):
         def nan_loss(model, arrays, settings, ref=None):

@@ -62,7 +62,7 @@ def make_metrics(steps: int = 12, games_per_step: int = 4, valid_every: int = 5,
             "kl": 0.001 * step, "grad_norm": abs(rng.gauss(1, 0.3)), "reward_mean": rng.random(), "reward_std": 0.5,
             "rewards": {name: {"mean": rng.random(), "std": 0.1} for name in COMPONENTS},
             "win_rate": wins / len(games), "mean_guesses": None, "format_error_rate": 0.5 / step,
-            "invalid_rate": 0.1, "repeat_rate": 0.02, "skipped_groups": 0, "new_field_nobody_knows": [1, 2],
+            "invalid_rate": 0.1, "repeat_rate": 0.02, "skipped_groups": 0, "skipped_group_share": 0.0, "new_field_nobody_knows": [1, 2],
             "games": games})
         if step % valid_every == 0:
             vgames = [make_game(rng, p) for _ in range(6)]
@@ -238,7 +238,7 @@ class TestRunCharts(unittest.TestCase):
         path = write_jsonl(self.tmp / "logs" / "r" / "metrics.jsonl", make_metrics(steps=12))
         result, stdout, _ = quiet_run(PlotConfig(file=str(path), window=10))
         expected = {"cumulative_wins.png", "win_rate.png", "rewards.png", "training.png", "guess_histogram.png",
-                    "error_rates.png"}
+                    "error_rates.png", "validation.png"}
         self.assertEqual({Path(f).name for f in result["files"]}, expected)
         self.assertEqual(result["skipped"], ["sft_training.png"])
         self.assertEqual(stdout.split(), result["files"])
@@ -257,7 +257,7 @@ class TestRunCharts(unittest.TestCase):
         recs = make_metrics(steps=3000, games_per_step=2, valid_every=100, seed=3)
         path = write_jsonl(self.tmp / "long.jsonl", recs)
         result, _, _ = quiet_run(PlotConfig(file=str(path), out=str(self.tmp / "o")))
-        self.assertEqual(len(result["files"]), 6)
+        self.assertEqual(len(result["files"]), 7)
         for f in result["files"]:
             check_png(self, Path(f))
 
@@ -346,7 +346,7 @@ class TestCommandLine(unittest.TestCase):
         result = CliRunner().invoke(app, ["plot", "--file", str(path), "--window", "5", "--json"])
         self.assertEqual(result.exit_code, 0, result.output)
         files = json.loads(result.stdout)["files"]
-        self.assertEqual(len(files), 6)
+        self.assertEqual(len(files), 7)
         a, b = self.tmp / "a.json", self.tmp / "b.json"
         a.write_text(json.dumps(make_eval([3, 0, 4])))
         b.write_text(json.dumps(make_eval([2, 2, 0, 5])))

@@ -166,7 +166,37 @@ def error_rates_chart(log: RunLog, window: int) -> Figure | None:
     return finish(fig, None, log.footnote())
 
 
+def validation_chart(log: RunLog, window: int) -> Figure | None:
+    """GRPO's validation passes: the win rate on the same validation words at each pass (the start adapter at step
+    0), beside the share of the step's groups skipped for zero reward variance."""
+    steps, rates = log.series("valid", "win_rate")
+    if not steps:
+        return None
+    fig, axes = new_figure(1, 2)
+    games = [len(rec.get("games", [])) for rec in log.records["valid"] if rec.get("win_rate") is not None]
+    line(axes[0], steps, rates, f"last: {100 * rates[-1]:.0f}% (best {100 * max(rates):.0f}% at step "
+                                f"{steps[rates.index(max(rates))]}, {games[-1]} games a pass)", color(0))
+    axes[0].plot(steps, rates, "o", color=color(0), markersize=3)
+    style_axes(axes[0], "Validation wins (greedy, the same words each pass)", "step", "win rate")
+    axes[0].set_ylim(-0.02, 1.02)
+    percent_y(axes[0])
+    integer_x(axes[0])
+    legend(axes[0])
+    skip_steps, share = log.series("train", "skipped_group_share")
+    if skip_steps:
+        line(axes[1], skip_steps, share, f"mean {100 * float(np.mean(share)):.0f}%", color(1), smooth=True)
+        style_axes(axes[1], "Groups skipped (zero reward variance)", "step", "share of the step's groups")
+        axes[1].set_ylim(-0.02, 1.02)
+        percent_y(axes[1])
+        integer_x(axes[1])
+        legend(axes[1])
+    else:
+        no_data(axes[1], "skipped groups")
+    return finish(fig, "GRPO validation", log.footnote())
+
+
 RUN_CHARTS: list[tuple[str, Callable[[RunLog, int], Figure | None]]] = [
+    ("validation.png", validation_chart),
     ("cumulative_wins.png", cumulative_wins_chart),
     ("win_rate.png", win_rate_chart),
     ("rewards.png", rewards_chart),

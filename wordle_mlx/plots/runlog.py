@@ -23,7 +23,7 @@ from .stats import HISTOGRAM_KEYS, mean_guesses_on_wins, outcome_histogram, weig
 STEP_KINDS = ("train", "valid", "sft", "sft_valid")
 NUMERIC_FIELDS = {
     "train": ("lr", "loss", "kl", "grad_norm", "reward_mean", "reward_std", "win_rate", "mean_guesses",
-              "format_error_rate", "invalid_rate", "repeat_rate"),
+              "format_error_rate", "invalid_rate", "repeat_rate", "skipped_group_share"),
     "valid": ("win_rate", "mean_guesses", "format_error_rate", "invalid_rate", "repeat_rate"),
     "sft": ("lr", "loss", "grad_norm", "tokens", "tokens_per_second"),
     "sft_valid": ("val_loss", "win_rate", "format_error_rate"),

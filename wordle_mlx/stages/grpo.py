@@ -15,13 +15,18 @@ optimizer, RNG state, prompt cursor) every N steps, and the final mlx-lm adapter
 continues a run exactly: the same next prompts and the same sampling seeds. Ctrl-C or SIGTERM ends the run
 after the current step with a checkpoint (`stop_signals.py`; a second Ctrl-C drops the unfinished step and
 saves the one before); K non-finite steps in a row save a checkpoint and stop with a message. Validation
-plays the same valid-split words greedily every N steps and keeps the best-scoring adapter in `adapters_best/`.
+(`game_eval.every`) plays the same valid-split words greedily, in the run's decoding, before the first step (the
+start adapter, logged as step 0) and every N steps, and keeps the adapter with the most wins (the earliest on a
+tie) in `adapters_best/`; with `game_eval.keep` "best" the run's `adapters/` is that adapter at the end (the
+checkpoints stay the last step's, for `resume`). The saved adapter records the decoding it was trained for
+(`decode`, `trained_tags` in adapter_config.json: GRPO trains the tags only in free decoding).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -40,7 +45,8 @@ from ..progress import console, progress_bar
 from ..stop_signals import StopSignals, agreed_stop
 from .entropy import load_table
 from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
-from ..llm.reply_grammar import LetterChoices, LetterGrammar, effective_mode, prefix_trie
+from ..llm.reply_grammar import (LetterChoices, LetterGrammar, WordTrie, adapter_decoding, decoding_record,
+                                 effective_mode)
 from ..llm.rollout import GameSpec, RolloutConfig
 from .grpo_config import GRPOConfig
 
@@ -65,7 +71,7 @@ def letter_choices(tokenizer, mode: str, allowed) -> LetterChoices | None:
     """What the update needs to score grammar or words decoding's letter choices (None in free decoding)."""
     if mode == "free":
         return None
-    return LetterChoices(LetterGrammar.for_tokenizer(tokenizer), prefix_trie(allowed) if mode == "words" else None)
+    return LetterChoices(LetterGrammar.for_tokenizer(tokenizer), WordTrie(allowed) if mode == "words" else None)
 
 
 def step_seed(base: int, step: int, round_: int = 0) -> int:
@@ -221,6 +227,8 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     optimizer, schedule = make_optimizer(cfg)
     optimizer.init(model.trainable_parameters())  # full state from step 0, so every checkpoint has all of it
     mode = decode_mode(cfg)
+    start_tags = adapter_decoding(resolve_path(cfg, cfg.model.start_adapter) if cfg.model.start_adapter else None)[1]
+    acfg.update(decoding_record(mode, mode == "free" or bool(start_tags)))
     generate = generate_fn or BatchedGenerator(model, tokenizer, mode=mode, words=allowed)
     settings = grpo_step.UpdateSettings(
         LossSettings(beta=cfg.grpo.beta, temperature=rl.temperature, letters=letter_choices(tokenizer, mode, allowed)),
@@ -231,7 +239,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                                     rl.trains_greedy)
     rollout = grpo_step.rollout_turn_mode if rl.mode == "turn" else grpo_step.rollout_episode_mode
 
-    st = {"best_win_rate": None, "nonfinite_in_row": 0, "nonfinite_total": 0}
+    st = {"best_win_rate": None, "best_step": None, "nonfinite_in_row": 0, "nonfinite_total": 0}
     step = 0
     if cfg.resume:
         saved = None
@@ -246,7 +254,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         prompts.restore(saved)
         kind, keys, pos, has_gauss, gauss = saved["numpy_random"]
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-        st.update({k: saved[k] for k in st})
+        st.update({k: saved.get(k, st[k]) for k in st})
     elif main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run_dir / "config.json", saved_cfg)
@@ -274,6 +282,20 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                    "config": saved_cfg, "time": time.time(), "resumed_from_step": step if cfg.resume else None,
                    "world_size": world.size, "decode": mode})
     stop_reason, last, before_step, done_step = "finished", {}, prompts.state(), step
+
+    def validation(at: int) -> None:
+        """Play the validation words, log them, and keep the adapter if it wins more than any before."""
+        rec = validate(model, tokenizer, cfg, valid_words, allowed, at, world)
+        free_cache()
+        better = st["best_win_rate"] is None or rec["win_rate"] > st["best_win_rate"]
+        metrics.write({**rec, "best": better})
+        if better:
+            st["best_win_rate"], st["best_step"] = rec["win_rate"], at
+            if main:
+                save_adapters(run_dir / "adapters_best", model, acfg)
+
+    if cfg.game_eval.every and step == 0:
+        validation(0)                    # the start adapter, the curve's step 0
     stop, stop_signal = StopSignals(announce=main), None
     try:
         with stop, progress_bar("grpo", t.steps, enabled=show) as advance:
@@ -308,6 +330,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                         "rewards": step_metrics.value_stats([v for p in parts for v in p["values"]]),
                         **step_metrics.rates_from_counts([p["counts"] for p in parts]),
                         "groups": upd.groups, "skipped_groups": upd.skipped_groups,
+                        "skipped_group_share": upd.skipped_groups / upd.groups if upd.groups else 0.0,
                         "nonfinite_skips": st["nonfinite_total"],
                         "tokens_generated": sum(p["tokens"] for p in parts),
                         "trained_tokens": upd.trained_tokens, "rollout_seconds": slowest[0],
@@ -324,13 +347,7 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
                                         f"{st['nonfinite_in_row']} steps in a row (updates skipped); "
                                         f"checkpoint saved in {display_path(path)}")
                 if cfg.game_eval.every and (step % cfg.game_eval.every == 0 or step == t.steps):
-                    rec = validate(model, tokenizer, cfg, valid_words, allowed, step, world)
-                    free_cache()
-                    metrics.write(rec)
-                    if st["best_win_rate"] is None or rec["win_rate"] > st["best_win_rate"]:
-                        st["best_win_rate"] = rec["win_rate"]
-                        if main:
-                            save_adapters(run_dir / "adapters_best", model, acfg)
+                    validation(step)
                 if t.save_every and step % t.save_every == 0:
                     checkpoint(step)
                 if step < t.steps:
@@ -348,10 +365,29 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
         metrics.close()
     path = checkpoint(step)
     write_weights_hash(model, world, "grpo")
+    best = run_dir / "adapters_best"
+    keep_best = cfg.game_eval.keep == "best" and st["best_step"] is not None and stop_reason == "finished"
     if main:
-        save_adapters(run_dir / "adapters", model, acfg)
-        console.print(f"{stop_reason} at step {step}: adapters in {display_path(run_dir / 'adapters')}, "
+        if keep_best:
+            copy_adapter(best, run_dir / "adapters")
+        else:
+            save_adapters(run_dir / "adapters", model, acfg)
+        kept = f" (the best validation step's, {st['best_step']})" if keep_best else ""
+        console.print(f"{stop_reason} at step {step}: adapters{kept} in {display_path(run_dir / 'adapters')}, "
                       f"checkpoint {display_path(path)}")
     return {"run": display_path(run_dir), "step": step, "stopped": stop_reason, "signal": stop_signal,
             "adapters": display_path(run_dir / "adapters"), "checkpoint": display_path(path),
+            "best_valid_step": st["best_step"], "best_valid_win_rate": st["best_win_rate"],
+            "adapters_are": "best" if keep_best else "last",
             "last": {k: v for k, v in last.items() if k != "games"}}
+
+
+def copy_adapter(source: Path, target: Path) -> None:
+    """Replace the adapter folder `target` with a copy of `source` (copied beside it, then renamed)."""
+    tmp = target.with_name(f".{target.name}.copy")
+    if tmp.exists():
+        remove_tree(tmp)
+    shutil.copytree(source, tmp)
+    if target.exists():
+        remove_tree(target)
+    tmp.rename(target)

@@ -104,8 +104,19 @@ class GRPOSection(StrictModel):
 
 
 class GameEvalSection(StrictModel):
-    every: int = Field(0, ge=0, description="Play the valid-split games every N steps (and at the end); 0 = never.")
+    every: int = Field(0, ge=0, description="Play the valid-split games greedily, in the run's decoding, before the "
+                       "first step (the start adapter, as step 0), every N steps and at the end; 0 = never. The "
+                       "adapter with the most wins is kept in adapters_best/.")
     games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
+    keep: Literal["last", "best"] = Field("last", description="The run's adapters/ at the end: the last step's, or "
+                                          "the best validation step's (adapters_best/, the earliest on a tie; the "
+                                          "start adapter when no step beat it). Needs every > 0 for best.")
+
+    @model_validator(mode="after")
+    def _check_keep(self) -> "GameEvalSection":
+        if self.keep == "best" and not self.every:
+            raise ValueError("keep 'best' needs every > 0 (validation picks the best adapter)")
+        return self
 
 
 class GRPOConfig(StrictModel):

@@ -4,7 +4,9 @@ A bfloat16 weight has 8 bits of mantissa, so an update smaller than 1/256 of the
 used to cast its LoRA weights to the base's bfloat16 after loading the SFT adapter, and 3 AdamW steps at
 learning rate 5e-6 changed only 9% of them. These tests load a bfloat16 base (and a 4-bit one made by
 mlx-lm's converter) with an adapter, check every LoRA weight and optimizer-state array is float32 after
-loading and after 3 steps at that learning rate, and that every single LoRA weight moved.
+loading and after 3 steps at that learning rate, and that over 90% of the LoRA weights moved; and that a
+float32 start adapter loads bit for bit over a bfloat16 and a 4-bit base (the model is cast before the
+adapter goes in).
 """
 
 from __future__ import annotations
@@ -39,6 +41,27 @@ def changed_fraction(before: dict, after: dict) -> float:
     return moved / sum(v.size for v in before.values())
 
 
+class StartAdapterBitExactTest(unittest.TestCase):
+    def test_a_float32_start_adapter_loads_bit_for_bit_over_bf16_and_4bit(self):
+        """Every stage that plays or trains from an adapter (GRPO, eval, play, self-play: `load_model`) gets the
+        file's float32 LoRA weights unchanged, over a bfloat16 and a 4-bit base."""
+        with tempfile.TemporaryDirectory() as tmp:
+            for kind in ("bfloat16", "4bit", "bfloat16-multimodal", "4bit-multimodal"):
+                with self.subTest(base=kind):
+                    folder = Path(tmp) / kind
+                    write_adapter(folder, tiny_model_in(kind))
+                    saved = mx.load(str(folder / lora.ADAPTER_WEIGHTS))
+                    self.assertEqual(non_float32(saved), [])
+                    cfg = validate_config({"model": {"name": tiny_model_in(kind), "dtype": "bfloat16",
+                                                     "start_adapter": str(folder)},
+                                           "progress": False}, grpo.GRPOConfig, "test")
+                    model, _, _ = grpo.load_policy(cfg)
+                    loaded = lora.adapter_weights(model)
+                    self.assertEqual(sorted(loaded), sorted(saved))
+                    different = [k for k in saved if not np.array_equal(np.array(loaded[k]), np.array(saved[k]))]
+                    self.assertEqual(different, [])
+
+
 class GRPOLoraDtypeTest(unittest.TestCase):
     def test_lora_and_optimizer_state_stay_float32_and_every_weight_moves(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -64,8 +87,10 @@ class GRPOLoraDtypeTest(unittest.TestCase):
                         moved.append(changed_fraction(start, lora.adapter_weights(model)))
                     self.assertEqual(non_float32(lora.adapter_weights(model)), [])
                     self.assertEqual(non_float32(optimizer.state), [])
-                    self.assertEqual(moved[0], 1.0)         # AdamW's first step moves every weight by the lr
-                    self.assertGreater(moved[2], 0.999)     # later steps may bring a few back where they were
+                    # AdamW moves a weight by about the lr wherever its gradient is not vanishingly small; in
+                    # bfloat16 (8 bits of mantissa) such a step rounds away for most of them
+                    self.assertGreater(moved[0], 0.9)
+                    self.assertGreater(moved[2], 0.9)
 
 
 class SFTLoraDtypeTest(unittest.TestCase):

@@ -233,6 +233,9 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
     except RuntimeError as exc:    # MLX: a truncated or corrupt .safetensors file
         raise UserError(f"model {spec!r}: corrupt weights in {location}: {' '.join(str(exc).split())[:200]} "
                         "(delete the folder to rebuild a cached model)") from None
+    # Cast before the adapter goes in: the adapter's float32 weights then load bit for bit (cast after, a bf16
+    # model would round them to bf16, a larger change than one SGD step).
+    cast_model(model, dtype)
     if adapter_path is not None:
         from mlx_lm.tuner.utils import load_adapters
 
@@ -249,11 +252,9 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
             detail = " ".join(str(exc).split())[:300]
             raise UserError(f"adapter {str(adapter_path)!r} does not fit model {spec!r}: {detail}") from None
         model.eval()
-    cast_model(model, dtype)
-    if adapter_path is not None:
         from .lora import lora_to_float32
 
-        lora_to_float32(model)       # cast_model casts the adapter too; LoRA weights train in float32
+        lora_to_float32(model)       # an adapter saved in bfloat16 trains and plays in float32
     if not metal_available() and not os.environ.get("WORDLE_MLX_EXACT_GELU"):
         from .cpu_kernels import use_fast_gelu
         use_fast_gelu(model)

@@ -9,6 +9,12 @@ and its eval JSON, in one folder (written to a temp folder, then renamed into pl
 An `--sft-config` may carry the `wordle-mlx sft` flags the recipe passed with it (--seed, --run-name,
 --start-adapter, --steps, --save-every): the recipe folder then records the config with them applied.
 
+`--guard NEW_EVAL SHIPPED_EVAL` ships only an adapter at least as good as the one already in `--out`: NEW_EVAL is
+the new adapter's greedy eval on the test words, SHIPPED_EVAL the same eval (split, board, games, decoding) of the
+adapter in `--out`. When the new one wins fewer games, or the two cannot be compared, the script says why and
+leaves `--out` untouched (exit 0: nothing failed, nothing was shipped). `--stage-seconds DIR` records the recipe's
+stage markers (DIR/<stage>.done, each holding its seconds) as `stage_seconds.json`.
+
 `data_seed.json` holds the data configs (their seeds regenerate the data exactly) and the secrets of every
 training and validation record of each, so a test can check that no test word was ever a secret.
 """
@@ -95,6 +101,43 @@ def round_secrets(cfg: dict) -> dict[str, list[str]]:
     return {split: sorted(words) for split, words in played_secrets(config, split_answers()).items()}
 
 
+def eval_decode(e: dict) -> str:
+    """An eval JSON's decoding (evals made before decoding modes say `constrain` for words, nothing for free)."""
+    return e.get("decode") or ("words" if e.get("constrain") else "free")
+
+
+def guard_verdict(new_path: Path, shipped_path: Path, out: Path) -> str | None:
+    """None when the new adapter may replace the one in `out`, else why not (one line)."""
+    if not (out / "adapters.safetensors").is_file():
+        return None                                   # nothing shipped yet: nothing to guard
+    if not shipped_path.is_file():
+        return f"no eval of the shipped adapter to compare with ({shipped_path} is missing)"
+    new, old = json.loads(new_path.read_text()), json.loads(shipped_path.read_text())
+    for key, want in (("split", "test"), ("history", "none"), ("temperature", 0.0)):
+        for name, e in ((new_path, new), (shipped_path, old)):
+            if e.get(key) != want:
+                return f"{name}: {key} is {e.get(key)!r}, the guard compares greedy test games ({key} {want!r})"
+    if eval_decode(new) != eval_decode(old):
+        return (f"{new_path} decodes {eval_decode(new)}, {shipped_path} {eval_decode(old)}: the guard compares "
+                "the same decoding")
+    secrets = [[g["secret"] for g in e.get("game_records", [])] for e in (new, old)]
+    if new["games"] != old["games"] or secrets[0] != secrets[1]:
+        return f"{new_path} and {shipped_path} played different games ({new['games']} and {old['games']})"
+    if new["wins"] < old["wins"]:
+        return (f"the new adapter wins {new['wins']} / {new['games']} greedy test games in {eval_decode(new)} "
+                f"decoding, the shipped one {old['wins']}")
+    return None
+
+
+def stage_seconds(folder: Path) -> dict[str, int]:
+    """{stage: seconds} from the recipe's markers (<stage>.done holds the stage's seconds)."""
+    out = {}
+    for path in sorted(folder.glob("*.done")):
+        text = path.read_text().strip()
+        out[path.stem] = int(text) if text.isdigit() else text
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--adapter", type=Path, required=True)
@@ -107,7 +150,16 @@ def main() -> None:
     ap.add_argument("--choice-config", type=Path, action="append", default=[],
                     help="Self-play rounds' configs (repeatable, in order); their data folders' secrets are added.")
     ap.add_argument("--eval", type=Path, action="append", default=[], help="Eval JSON files to ship (repeatable).")
+    ap.add_argument("--guard", type=Path, nargs=2, metavar=("NEW_EVAL", "SHIPPED_EVAL"),
+                    help="Ship only if NEW_EVAL wins at least as many games as SHIPPED_EVAL (see above).")
+    ap.add_argument("--stage-seconds", type=Path, help="The recipe's stage marker folder (<stage>.done files).")
     args = ap.parse_args()
+
+    if args.guard:
+        why = guard_verdict(*args.guard, args.out)
+        if why is not None:
+            print(f"not shipped: {why}; {args.out} left as it was", file=sys.stderr)
+            return
 
     for name in ADAPTER_FILES:
         if not (args.adapter / name).is_file():
@@ -152,6 +204,8 @@ def main() -> None:
                 "secrets": {k: sorted(v) for k, v in secrets.items()},
                 "note": "GRPO draws its secrets from the train split (wordle_mlx/game/splits.py) with its own seed."}
         (tmp / "data_seed.json").write_text(json.dumps(seed, indent=1) + "\n")
+        if args.stage_seconds:
+            (tmp / "stage_seconds.json").write_text(json.dumps(stage_seconds(args.stage_seconds), indent=1) + "\n")
         lines, max_tokens = [], 16
         for path in args.eval:
             shutil.copy2(path, tmp / path.name)
@@ -159,7 +213,7 @@ def main() -> None:
             lo, hi = e["win_rate_ci95"]
             max_tokens = e.get("max_tokens_per_turn", max_tokens)
             lines.append(f"| `{path.name}` | {e['split']} | {e['history']} | {e['temperature']} "
-                         f"| {e.get('decode') or ('words' if e.get('constrain') else 'free')} | {e['wins']} / {e['games']} "
+                         f"| {eval_decode(e)} | {e['wins']} / {e['games']} "
                          f"| {100 * e['win_rate']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) "
                          f"| {100 * (1 - e['format_error_rate']):.1f}% | {100 * e['invalid_rate']:.1f}% |")
         (tmp / "README.md").write_text(README.format(adapter=args.adapter, out=args.out, evals="\n".join(lines),

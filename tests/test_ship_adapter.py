@@ -1,6 +1,6 @@
-"""scripts/ship_adapter.py: the folder it writes (adapter, recipe configs in order, data seed, eval JSON) and
-its refusals (a missing adapter file, a missing data folder), which leave no folder behind; a self-play
-round whose folder is gone contributes the secrets its seed plays.
+"""scripts/ship_adapter.py: the folder it writes (adapter, recipe configs in order, data seed, eval JSON, stage
+seconds) and its refusals (a missing adapter file, a missing data folder), which leave no folder behind; a self-play
+round whose folder is gone contributes the secrets its seed plays; the guard keeps a better shipped adapter.
 """
 
 from __future__ import annotations
@@ -101,6 +101,63 @@ class ShipAdapterTest(unittest.TestCase):
             played = set(secrets_for(splits[split], n, 7, split))
             self.assertEqual(set(seed["secrets"][split]), own | played, split)
         self.assertTrue((self.out / "recipe" / "choice_1.json").is_file())
+
+    def guard_evals(self, new_wins: int, shipped_wins: int, **shipped) -> tuple[Path, Path]:
+        def eval_json(name: str, wins: int, **extra) -> Path:
+            records = [{"secret": w, "won": i < wins, "guesses": [w]} for i, w in enumerate(["cigar", "rebut", "sissy"])]
+            return write_json(self.root / name, {"split": "test", "history": "none", "temperature": 0.0, "decode": "words",
+                                                 "wins": wins, "games": 3, "win_rate": wins / 3, "win_rate_ci95": [0, 1],
+                                                 "format_error_rate": 0.0, "invalid_rate": 0.0, "game_records": records,
+                                                 **extra})
+        return eval_json("eval_new_greedy.json", new_wins), eval_json("eval_shipped_greedy.json", shipped_wins, **shipped)
+
+    def ship_once(self) -> None:
+        proc = self.ship()
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        (self.out / "old.txt").write_text("the shipped package")
+
+    def test_the_guard_keeps_a_better_shipped_adapter(self):
+        self.ship_once()
+        new, shipped = self.guard_evals(1, 2)
+        (self.adapter / "adapters.safetensors").write_bytes(b"\1" * 64)
+        proc = self.ship("--guard", str(new), str(shipped), "--eval", str(new))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("not shipped: the new adapter wins 1 / 3 greedy test games in words decoding, the shipped one 2",
+                      proc.stderr)
+        self.assertEqual((self.out / "old.txt").read_text(), "the shipped package")      # left untouched
+        self.assertEqual((self.out / "adapters.safetensors").read_bytes(), b"\0" * 64)
+        self.assertFalse((self.out / "eval_new_greedy.json").exists())
+
+    def test_the_guard_ships_an_adapter_at_least_as_good_with_its_stage_seconds(self):
+        self.ship_once()
+        new, shipped = self.guard_evals(2, 2)
+        (self.adapter / "adapters.safetensors").write_bytes(b"\1" * 64)
+        marks = self.root / "marks"
+        marks.mkdir()
+        (marks / "sft.done").write_text("783\n")
+        proc = self.ship("--guard", str(new), str(shipped), "--stage-seconds", str(marks))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual((self.out / "adapters.safetensors").read_bytes(), b"\1" * 64)
+        self.assertFalse((self.out / "old.txt").exists())
+        self.assertEqual(json.loads((self.out / "stage_seconds.json").read_text()), {"sft": 783})
+
+    def test_the_guard_refuses_evals_it_cannot_compare(self):
+        self.ship_once()
+        for shipped_fields, reason in (({"decode": "grammar"}, "the guard compares the same decoding"),
+                                       ({"temperature": 0.7}, "temperature is 0.7")):
+            new, shipped = self.guard_evals(3, 0, **shipped_fields)
+            proc = self.ship("--guard", str(new), str(shipped))
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertIn(reason, proc.stderr)
+            self.assertEqual((self.out / "old.txt").read_text(), "the shipped package")
+        proc = self.ship("--guard", str(new), str(self.root / "missing.json"))
+        self.assertIn("no eval of the shipped adapter", proc.stderr)
+
+    def test_the_guard_ships_when_nothing_was_shipped_yet(self):
+        new, _ = self.guard_evals(0, 0)
+        proc = self.ship("--guard", str(new), str(self.root / "missing.json"))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertTrue((self.out / "adapters.safetensors").is_file())
 
     def test_missing_adapter_file_is_refused(self):
         (self.adapter / "adapter_config.json").unlink()

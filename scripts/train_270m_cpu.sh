@@ -2,14 +2,24 @@
 # The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> three SFT passes on the entropy
 # solver's games -> a self-choice round (the model labels each board it reaches with the fitting answer it scores
 # highest) -> four SFT passes on it -> a second self-choice round with answer coverage -> one SFT pass -> GRPO ->
-# evals -> plots -> the adapter packaged in adapters/gemma-3-270m-wordle/. Prompts are compact (the clues only)
-# and replies spell the guess in letters with no think block (config/recipe-270m/data.json).
+# evals -> plots -> the adapter packaged in adapters/gemma-3-270m-wordle/, if it wins at least as many greedy
+# test games as the adapter there (the ship guard). Prompts are compact (the clues only) and replies spell the
+# guess in letters with no think block (config/recipe-270m/data.json).
 #
-# Time: 1 h 37 min of training on 2 cores, plus the evals (every stage's time and wins: docs/RESULTS.md).
+# The policy it trains is words decoding, the game's own rule: at each letter the model's distribution over the
+# letters that continue an allowed word not already on the board. The three teacher passes train the letters as
+# choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
+# passes (decode "words") and GRPO (100 steps, rl.decode "words", validated on the 100 validation words every 20
+# steps from the SFT start as step 0, the best kept) all use words decoding; the last SFT pass also trains the
+# reply's tags (train_tags), so the shipped adapter plays with --decode free too. Each adapter records its
+# decoding (adapter_config.json), and eval plays it by default.
+#
+# Time (estimated from the stages' measured times of the grammar-decoding run, docs/RESULTS.md): about 2 h 25 min
+# of training on 2 cores (GRPO about 40 min of it), plus about 25 min of evals.
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
-# (grammar_loss: no 262k-entry softmax), every pass after the first trains only the last 6 blocks' LoRA (the
-# backward pass stops there), self-play scores candidates on the 26 letter rows, and GRPO and the evals decode
-# in grammar mode.
+# (no 262k-entry softmax; the last pass adds the few tag tokens), every pass after the first trains only the
+# last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and
+# GRPO and the evals decode letters on those rows.
 #
 # Resumable: every finished stage leaves logs/recipe-270m/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume). Ctrl-C or SIGTERM
@@ -21,7 +31,7 @@
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
 #   GAMES=50 scripts/train_270m_cpu.sh         # smaller evals
-#   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy sampled seeded words)
+#   EVALS=greedy scripts/train_270m_cpu.sh     # only the greedy evals (default: greedy free seeded)
 #   STOP_AFTER=sft-fit scripts/train_270m_cpu.sh  # stop after a stage (run again to go on)
 #   DRY_RUN=1 scripts/train_270m_cpu.sh        # print the stages still to run and their commands
 set -euo pipefail
@@ -30,7 +40,8 @@ cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
 R="${R:-logs/recipe-270m}"   # the stage markers (<stage>.done, holding its seconds)
 GAMES="${GAMES:-200}"
-EVALS="${EVALS:-greedy sampled seeded words}"
+EVALS="${EVALS:-greedy free seeded}"
+DECODE=words                 # the decoding the recipe trains (its adapters record it; the ship guard compares in it)
 SHIP=adapters/gemma-3-270m-wordle
 mkdir -p "$R"
 start=$(date +%s)
@@ -43,13 +54,15 @@ evaluate() {  # evaluate NAME ADAPTER|- KIND: one held-out setting for one playe
   if [ "$adapter" != "-" ]; then extra=(--adapter "$adapter" --no-baselines); else extra=(--config config/recipe-270m/eval.json); fi
   # 16 tokens per reply: a letters reply is 11 ('<guess> c r a n e</guess>'); the base model never closes a tag.
   extra+=(--games "$GAMES" --max-tokens 16 --no-progress)
+  # greedy, sampled and seeded play the decoding the adapter records (words for this recipe's adapters; the
+  # base model and adapters without a record: grammar); free and words set it
   case $kind in
     greedy)      stage "eval-$name-greedy"      $W eval "${extra[@]}" --out "$R/eval_${name}_greedy.json" ;;
     sampled)     stage "eval-$name-sampled"     $W eval "${extra[@]}" --temperature 0.7 --seed 0 --out "$R/eval_${name}_t07.json" ;;
     seeded)      stage "eval-$name-seeded"      $W eval "${extra[@]}" --history seeded --out "$R/eval_${name}_seeded.json" ;;
-    # letters limited to spell allowed words: an inference option, reported apart
+    free)        stage "eval-$name-free"        $W eval "${extra[@]}" --decode free --out "$R/eval_${name}_greedy_free.json" ;;
     words)       stage "eval-$name-words"       $W eval "${extra[@]}" --decode words --out "$R/eval_${name}_greedy_words.json" ;;
-    *) echo "unknown eval kind '$kind' in EVALS (greedy sampled seeded words)" >&2; exit 2 ;;
+    *) echo "unknown eval kind '$kind' in EVALS (greedy sampled seeded free words)" >&2; exit 2 ;;
   esac
 }
 
@@ -57,8 +70,8 @@ stage setup   make setup
 stage model   $W model import builtin:gemma-3-270m
 stage entropy $W entropy --top 5
 stage data    $W data --config config/recipe-270m/data.json
-# SFT 1 on the broad data (boards seeded with 0-4 earlier guesses of several kinds); every SFT pass trains the
-# reply's 5 letters as choices among the 26 (grammar_loss), the policy grammar decoding plays.
+# SFT 1 on the broad data (boards seeded with 0-4 earlier guesses of several kinds); the three teacher passes
+# train the reply's 5 letters as choices among the 26 (decode "grammar").
 stage sft     train_or_resume logs/sft-270m $W sft --config config/recipe-270m/sft.json
 # SFT 2 (focus): from SFT 1's adapter, on data that adds every board of the teacher's games from the empty board
 # over the train secrets (3 copies each) to 1,500 broad examples. From here on only the last 6 blocks' LoRA trains.
@@ -69,7 +82,8 @@ stage sft-focus  train_or_resume logs/sft-focus-270m $W sft --config config/reci
 stage data-fit   $W data --config config/recipe-270m/data-fit.json
 stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/recipe-270m/sft-fit.json
 # The self-play round: the fit adapter plays every train secret from the empty board; each board it reaches is
-# labelled with the answer that fits the clues which the model itself scores highest.
+# labelled with the answer that fits the clues which the model itself scores highest, in words decoding. From
+# here on every SFT pass trains words decoding's policy (decode "words").
 stage choice     $W data self-play --config config/recipe-270m/self-play.json --no-progress
 # SFT on that data from the fit adapter (lr 3e-5), then three more passes at a constant 1.5e-5, each from the
 # one before with a new shuffle seed.
@@ -85,8 +99,10 @@ for n in 2 3 4; do
   stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json "${flags[@]}"
 done
 # The coverage round: a second self-play round from that adapter; every answer that fits some tight board of it
-# (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it, then GRPO with
-# plain SGD, playing full games on from the greedy reply.
+# (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it that also trains
+# the reply's tags (train_tags), then 100 GRPO steps with plain SGD in words decoding, playing full games on from
+# the greedy reply; the 100 validation words are played every 20 steps (the SFT start as step 0) and the run's
+# adapters/ are the pass with the most wins (game_eval.keep "best": the SFT start when no step beats it).
 stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress
 stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress
 stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/recipe-270m/sft-cover.json
@@ -102,6 +118,14 @@ for kind in $EVALS; do       # every player's greedy eval first, then the next s
   evaluate grpocover logs/grpo-cover-270m/adapters "$kind"
 done
 
+# The ship guard: the adapter in $SHIP plays the same greedy test games in the recipe's decoding, and the new one
+# ships only if it wins at least as many (else the ship stage says why and leaves $SHIP as it was).
+guard=()
+if [ -f "$SHIP/adapters.safetensors" ]; then
+  stage eval-shipped-$DECODE $W eval --adapter "$SHIP" --no-baselines --games "$GAMES" --max-tokens 16 --no-progress \
+    --decode $DECODE --out "$R/eval_shipped_greedy_$DECODE.json"
+  guard=(--guard "$R/eval_grpocover_greedy.json" "$R/eval_shipped_greedy_$DECODE.json")
+fi
 stage plots bash -c "
   $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft1 &&
   $W plot --file logs/sft-fit-270m/metrics.jsonl --out $R/plots/fit &&
@@ -112,8 +136,8 @@ stage plots bash -c "
       --labels base sft-1 sft-2 sft-fit sft-choice sft-cover sft-cover+grpo \
       --with-baselines --out $R/plots/compare"
 
-ship_evals=()
-for f in "$R"/eval_grpocover_*.json; do ship_evals+=(--eval "$f"); done
+ship_evals=()     # the final adapter's evals and its SFT start's, in each decoding, so the comparison can be replayed
+for f in "$R"/eval_grpocover_*.json "$R"/eval_sftcover_*.json; do ship_evals+=(--eval "$f"); done
 sft_configs=()
 for c in sft sft-focus sft-fit sft-choice; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
 for flags in "${more[@]}"; do sft_configs+=(--sft-config "config/recipe-270m/sft-choice-more.json $flags"); done
@@ -122,7 +146,7 @@ stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/grpo-cover-27
   --data-config config/recipe-270m/data.json --data-config config/recipe-270m/data-focus.json --data-config config/recipe-270m/data-fit.json \
   --choice-config config/recipe-270m/self-play.json --choice-config config/recipe-270m/self-play-2.json "${sft_configs[@]}" \
   --grpo-config config/recipe-270m/grpo-cover.json \
-  "${ship_evals[@]}"
+  "${ship_evals[@]}" "${guard[@]}" --stage-seconds "$R"
 
 echo
 echo "recipe finished; this invocation took $(( $(date +%s) - start ))s (stage times in seconds: $R/*.done)"

@@ -121,6 +121,31 @@ class ShippedConfigTest(unittest.TestCase):
         self.assertIn("eval-grpocover-greedy", names)
         check_stage_chain(self, stages)
 
+    def test_the_recipe_trains_words_decoding_and_guards_what_it_ships(self):
+        """Self-play, the later SFT passes and GRPO use words decoding; the last SFT pass trains the tags; GRPO runs
+        at least 100 steps with validation from step 0 and keeps the best pass; the ship stage gets the guard
+        (the new adapter's greedy test eval against the shipped adapter's, in words decoding, made before it)."""
+        for name in ("self-play", "self-play-2"):
+            self.assertEqual(load_config(RECIPE / f"{name}.json", ChoiceConfig).decode, "words", name)
+        for name in ("sft", "sft-focus", "sft-fit"):
+            self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "grammar", name)
+        for name in ("sft-choice", "sft-choice-more", "sft-cover"):
+            self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "words", name)
+        self.assertTrue(load_config(RECIPE / "sft-cover.json", SFTConfig).train_tags)
+        grpo = load_config(RECIPE / "grpo-cover.json", GRPOConfig)
+        self.assertEqual(grpo.rl.decode, "words")
+        self.assertGreaterEqual(grpo.training.steps, 100)
+        self.assertEqual((grpo.game_eval.keep, grpo.game_eval.games), ("best", 100))
+        self.assertEqual(grpo.training.steps % grpo.game_eval.every, 0)
+        stages = dict(dry_run("train_270m_cpu.sh"))
+        names = list(stages)
+        self.assertLess(names.index("eval-shipped-words"), names.index("ship"))
+        self.assertIn("--decode words --out", stages["eval-shipped-words"])
+        self.assertRegex(stages["ship"], r"--guard \S+/eval_grpocover_greedy.json \S+/eval_shipped_greedy_words.json")
+        self.assertIn("--stage-seconds", stages["ship"])
+        self.assertIn("eval_sftcover_*.json", stages["ship"])      # the SFT start's evals ship too
+        self.assertIn("eval-grpocover-free", names)
+
     def test_choice_round_chains(self):
         """The self-choice round labels boards with the fit adapter's choices, and its SFT stages train on that
         data, the first from the same adapter and each later pass from the one before: sft-fit -> self-play ->

@@ -1,4 +1,5 @@
-"""Tests for `wordle-mlx sft` and `fuse` on the tiny random model: loss, resume, adapters, fuse check."""
+"""Tests for `wordle-mlx sft` and `fuse` on the tiny random model: loss, resume, adapters, fuse check; the words
+loss with the tags (decode, train_tags), its record in the adapter, and grammar_loss, the old name."""
 
 from __future__ import annotations
 
@@ -250,6 +251,34 @@ class SFTTest(unittest.TestCase):
             validate_config({"learning_rat": 1}, sft.SFTConfig, "x.json")
         with self.assertRaisesRegex(UserError, "no config.json"):
             sft.run(self.config("r", resume=str(self.root / "nothing")))
+
+    def test_decode_words_with_train_tags_trains_and_records_it(self):
+        """decode words with train_tags on letters-format data: the run trains (the targets are each reply's 5 letters
+        and its other tokens), and the adapter records words decoding with its tags trained; a label already on
+        its board is a one-line error naming the record."""
+        folder = self.root / "letters"
+        data.run(validate_config({"out": str(folder), "train_examples": 8, "valid_examples": 4, "progress": False},
+                                 data.DataConfig, "test"))
+        result = sft.run(self.config("words", data=str(folder), steps=2, decode="words", train_tags=True,
+                                     valid_every=2))
+        self.assertTrue(np.isfinite(result["final_loss"]))
+        first = sft_records(Path(result["run_dir"]))[1]
+        self.assertGreater(first["target_tokens"], 5 * 4)           # letters and tags of the batch's 4 replies
+        acfg = json.loads((Path(result["run_dir"]) / "adapters" / "adapter_config.json").read_text())
+        self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("words", True))
+        records = data.read_sft_jsonl(folder / "train.jsonl")
+        seeded = next(i for i, r in enumerate(records) if r["meta"]["history"])
+        records[seeded]["meta"]["history"].append(records[seeded]["meta"]["target"])
+        (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        with self.assertRaisesRegex(UserError, rf"record {seeded + 1}: decode 'words': the reply '\w+' is already on"):
+            sft.run(self.config("words2", data=str(folder), steps=1, decode="words"))
+
+    def test_grammar_loss_is_the_old_name_of_decode_grammar(self):
+        self.assertEqual(validate_config({"grammar_loss": True}, sft.SFTConfig, "x.json").decode, "grammar")
+        self.assertEqual(validate_config({"grammar_loss": False}, sft.SFTConfig, "x.json").decode, "free")
+        self.assertEqual(validate_config({"decode": "words"}, sft.SFTConfig, "x.json").decode, "words")
+        with self.assertRaisesRegex(UserError, "grammar_loss is the old name of decode 'grammar'"):
+            validate_config({"grammar_loss": True, "decode": "words"}, sft.SFTConfig, "x.json")
 
     def test_data_without_stats_json_must_use_the_default_prompt(self):
         from wordle_mlx.llm.prompts import PromptConfig, system_prompt

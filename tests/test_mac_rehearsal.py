@@ -27,42 +27,7 @@ import unittest
 from unittest import mock
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RECIPE = ROOT / "config" / "gemma3-4b"
-
-
-def first_reply_a_word(base):
-    """A subclass of the sampler `base` whose first reply to each distinct prompt is `<guess> c r a n e</guess>`."""
-    from wordle_mlx.llm.generation import Completion
-
-    class FirstReplyAWord(base):
-        def __call__(self, prompts, cfg, *args, **kwargs):
-            out = super().__call__(prompts, cfg, *args, **kwargs)
-            text = "<guess> c r a n e</guess>"
-            tokens, choice = self.tokenizer.encode(text, add_special_tokens=False), None
-            if self.grammar is not None:       # grammar decoding: the same reply, its letters marked as choices
-                from wordle_mlx.llm.reply_grammar import LETTERS
-                tokens, choice = self.grammar.reply([LETTERS.index(c) for c in "crane"])
-            seen = set()
-            for i, prompt in enumerate(prompts):
-                if tuple(prompt) not in seen:
-                    seen.add(tuple(prompt))
-                    out[i] = Completion(tokens, [0.0] * len(tokens), text, "stop", choice)
-            return out
-
-    return FirstReplyAWord
-
-
-def recipe(name: str, **changes) -> dict:
-    """A config/gemma3-4b/ file as a dict, with dotted-key changes applied."""
-    data = json.loads((RECIPE / name).read_text())
-    for dotted, value in changes.items():
-        node = data
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return data
+from wordle_mlx.rehearsal import first_reply_a_word, recipe_config as recipe
 
 
 class MacRehearsal:

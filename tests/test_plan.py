@@ -35,6 +35,11 @@ class ArithmeticTest(unittest.TestCase):
         self.assertEqual(mp.lora_parameters(SMALL, rank=2, num_layers=-1, keys=("self_attn.q_proj",)), 2 * 2 * 16)
         self.assertEqual(mp.lora_bytes(256, optimizer_states=2), 256 * 4 * 4)
         self.assertEqual(mp.lora_bytes(256, optimizer_states=0), 256 * 4 * 2)
+        # only the trained ones (lora.train_layers) have gradients and optimizer states
+        self.assertEqual(mp.lora_bytes(256, optimizer_states=2, trained=64), 256 * 4 + 64 * 4 * 3)
+        self.assertEqual(mp.trained_blocks(SMALL, num_layers=-1, train_layers=None), 2)
+        self.assertEqual(mp.trained_blocks(SMALL, num_layers=-1, train_layers=1), 1)
+        self.assertEqual(mp.trained_blocks(SMALL, num_layers=1, train_layers=None), 1)
 
     def test_kv_cache_minds_sliding_layers(self):
         # layer 0 slides (window 4), layer 1 is global: 256 allocated tokens (one step of mlx-lm's cache)
@@ -55,28 +60,34 @@ class ArithmeticTest(unittest.TestCase):
         self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=False), 2 * 30 * 208 * 2)
         self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=True), 2 * 30 * 8 * 2 + 30 * 208 * 2)
         self.assertEqual(mp.logit_bytes(SMALL, 5), 5 * 32 * (2 + 4 * 3))
+        self.assertEqual(mp.logit_bytes(SMALL, 5, letters_only=True), 5 * 26 * (2 + 4 * 3))
+        # the blocks below the trained ones keep nothing for the backward pass
+        self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=False, layers=1), 30 * 208 * 2)
         self.assertEqual(mp.decode_logit_bytes(SMALL, 5), 5 * 32 * (3 * 2 + 4))
 
     def test_sft_plan_sums_its_parts(self):
         n = mp.SFTNumbers(batch_size=3, row_length=10, reply_tokens=3, pad_to=8, rank=2, num_layers=1, keys=None,
                           grad_checkpoint=False)
         p = mp.sft_plan(SMALL, n)
-        # 3 rows padded to 16 tokens, 9 target positions padded to 16
+        # 3 rows padded to 16 tokens through the one LoRA block, 9 target positions padded to 16
         self.assertEqual(p.items, {"weights": 2992, "lora": 4096,
-                                   "activations": mp.activation_bytes(SMALL, 3 * 16, 10, False),
+                                   "activations": 3 * 16 * 208 * 2,
                                    "logits": mp.logit_bytes(SMALL, 16)})
         self.assertEqual(p.peak, sum(p.items.values()))
         # a shared 4-token start runs once: each row keeps 6 tokens of its own, padded to 8
         shared = mp.sft_plan(SMALL, mp.SFTNumbers(**{**n.__dict__, "shared_prefix": 4}))
-        self.assertEqual(shared.items["activations"], mp.activation_bytes(SMALL, 3 * 8 + 4, 10, False))
+        self.assertEqual(shared.items["activations"], mp.activation_bytes(SMALL, 3 * 8 + 4, 10, False, 1))
+        # the grammar loss: 5 letters a row over 26 letter rows
+        letters = mp.sft_plan(SMALL, mp.SFTNumbers(**{**n.__dict__, "grammar_loss": True}))
+        self.assertEqual(letters.items["logits"], mp.logit_bytes(SMALL, 3 * 5, letters_only=True))
 
     def test_grpo_plan_takes_the_larger_phase(self):
         n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=4,
                            max_tokens_per_microbatch=40, max_loss_tokens_per_microbatch=4, rank=2, num_layers=1,
                            keys=None, optimizer_states=0)
-        # 40 // 10 = 4 rows of 10 tokens in a micro-batch, 4 loss positions
-        update = mp.activation_bytes(SMALL, 4 * 10, 10, False) + mp.logit_bytes(SMALL, 4)
-        self.assertEqual(update, 2 * 40 * 208 * 2 + 4 * 32 * 14)
+        # 40 // 10 = 4 rows of 10 tokens in a micro-batch through the one LoRA block, 4 loss positions
+        update = mp.activation_bytes(SMALL, 4 * 10, 10, False, 1) + mp.logit_bytes(SMALL, 4)
+        self.assertEqual(update, 40 * 208 * 2 + 4 * 32 * 14)
         for rows, phase in ((1, "update"), (6, "rollout")):
             with self.subTest(rows=rows):
                 p = mp.grpo_plan(SMALL, mp.GRPONumbers(**{**n.__dict__, "completion_batch_size": rows}))
@@ -111,8 +122,22 @@ class ArithmeticTest(unittest.TestCase):
                            keys=None, optimizer_states=0, share_prompts=True)
         p = mp.grpo_plan(SMALL, n)      # one prompt of 300 tokens and its 3 replies of 3: 309 tokens, 9 positions
         self.assertIn("update phase", p.notes["phase"])
-        self.assertEqual(p.items["activations"], mp.activation_bytes(SMALL, 300 + 9, 303, False))
+        self.assertEqual(p.items["activations"], mp.activation_bytes(SMALL, 300 + 9, 303, False, 1))
         self.assertEqual(p.items["logits"], mp.logit_bytes(SMALL, 9))
+
+    def test_letter_decoding_keeps_no_vocabulary_rows(self):
+        n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=16, completion_batch_size=4,
+                           max_tokens_per_microbatch=40, max_loss_tokens_per_microbatch=40, rank=2, num_layers=-1,
+                           keys=None, optimizer_states=1, share_prompts=True, decode="grammar")
+        # 16 B of keys and values per token and layer x 2 layers: the shared start and the chunk's 2 prompts, 7
+        # tokens each, then each of the chunk's 4 rows' own copy of its prompt and its 5 letters; the prefill
+        # transient (2 prompts x 7 tokens x (3 x 16 x 2 B MLP + 2 heads x 7 x 4 B scores)); 26 logits a row
+        rollout = mp.grpo_rollout_bytes(SMALL, n)
+        self.assertEqual(rollout, {"kv_cache": (3 * 7 + 4 * 12) * 2 * 16,
+                                   "logits": 2 * 7 * (3 * 16 * 2 + 2 * 7 * 4) + 4 * 26 * 4})
+        p = mp.grpo_plan(SMALL, n)
+        self.assertEqual(p.items["logits"], mp.logit_bytes(SMALL, 3 * 5, letters_only=True))   # 5 letters a reply
+        self.assertEqual(p.items["lora"], mp.lora_bytes(2 * 2 * 128, 1))
 
     def test_fitting_sizes_and_largest_batch(self):
         self.assertEqual(mp.fitting_sizes(int(12 * mp.GB)), [16, 24, 32, 36, 48, 64, 96, 128])
@@ -155,7 +180,7 @@ class PlanStageTest(unittest.TestCase):
         sft = write_json(self.tmp, "sft.json", {"model": str(self.tmp), "steps": 1, "batch_size": 3,
                                                 "grad_checkpoint": True, "data": "nowhere"})
         grpo = write_json(self.tmp, "grpo.json", {"model": {"name": str(self.tmp)}, "training": {"batch_prompts": 2}})
-        for path, kind, field in ((sft, "sft", "batch_size"), (grpo, "grpo", "batch_prompts")):
+        for path, kind, field in ((sft, "sft", "batch_size"), (grpo, "grpo", "training.batch_prompts")):
             with self.subTest(kind=kind):
                 r = plan.run(plan.PlanConfig(config=str(path), memory_gb=8, json_output=True))
                 self.assertEqual((r["stage"], r["batch_field"], r["bits"]), (kind, field, 4))
@@ -169,7 +194,7 @@ class PlanStageTest(unittest.TestCase):
         with self.assertRaises(UserError) as e:
             plan.stage_config(str(bad))
         self.assertIn(str(bad), str(e.exception))
-        self.assertIn("neither an SFT nor a GRPO config", str(e.exception))
+        self.assertIn("not an SFT, GRPO, self-play or eval config", str(e.exception))
         hub = write_json(self.tmp, "hub.json", {"model": "someone/not-cached-model-xyz"})
         with self.assertRaises(UserError) as e:
             plan.run(plan.PlanConfig(config=str(hub)))
@@ -178,6 +203,53 @@ class PlanStageTest(unittest.TestCase):
         with self.assertRaises(UserError) as e:
             plan.run(plan.PlanConfig(config=str(hub), model_json=str(llama)))
         self.assertIn("model_type 'llama'", str(e.exception))
+
+    def test_plans_before_the_download_for_every_4b_config(self):
+        """No model on disk, no --model-config: the 4B recipe's configs plan from the known dimensions, which
+        are the ones of the Mac-layout rehearsal checkpoint."""
+        from wordle_mlx.gemma3_sizes import known_config
+        from wordle_mlx.llm.mac_layouts import TEXT_CONFIG_4B
+
+        known = known_config("mlx-community/gemma-3-4b-it-bf16")["text_config"]
+        self.assertEqual({k: v for k, v in TEXT_CONFIG_4B.items() if k in known}, known)
+        self.assertEqual(known_config("mlx-community/gemma-3-4b-it-4bit")["quantization"]["bits"], 4)
+        self.assertIsNone(known_config("someone/llama-7b"))
+        configs = sorted((ROOT / "config" / "gemma3-4b").glob("*.json"))
+        kinds = set()
+        for path in configs:
+            if path.name == "data.json" or path.name.startswith("data-"):
+                continue
+            with self.subTest(config=path.name):
+                r = plan.run(plan.PlanConfig(config=str(path), json_output=True))
+                kinds.add(r["stage"])
+                self.assertGreater(r["peak_gb"], 2.0 if "4bit" in path.name else 7.0)   # the weights alone
+        self.assertEqual(kinds, {"sft", "grpo", "eval", "self-play"})
+
+    def test_sgd_state_is_what_mlx_allocates(self):
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        from wordle_mlx.config import load_config
+        from wordle_mlx.llm import lora
+        from wordle_mlx.llm.models import load_model
+        from wordle_mlx.stages import grpo
+
+        path = write_json(self.tmp, "grpo.json", {"model": {"name": "builtin:tiny-random"},
+                                                  "training": {"optimizer": "sgd"}})
+        cfg = load_config(path, grpo.GRPOConfig)
+        model, _ = load_model("builtin:tiny-random")
+        lora.apply_lora(model, cfg.lora.num_layers, lora.lora_parameters(cfg.lora.rank, cfg.lora.scale, 0.0, None))
+        optimizer, _ = grpo.make_optimizer(cfg)
+        optimizer.init(model.trainable_parameters())
+        state = sum(v.nbytes for k, v in tree_flatten(optimizer.state) if k not in ("step", "learning_rate"))
+        numbers, _ = plan.grpo_numbers(cfg, None)
+        dims = plan.model_dims(plan.model_config_dict("builtin:tiny-random", None), "float32", "tiny",
+                               metal=False)
+        params = mp.lora_parameters(dims, numbers.rank, numbers.num_layers, numbers.keys)
+        self.assertEqual(params, sum(v.size for _, v in tree_flatten(model.trainable_parameters())))
+        self.assertEqual(mp.lora_bytes(params, numbers.optimizer_states) - mp.lora_bytes(params, 0), state)
+        self.assertGreater(state, 0)
+        self.assertEqual(mx.float32, tree_flatten(optimizer.state)[-1][1].dtype)
 
     def test_warning_before_a_run_that_cannot_fit(self):
         import contextlib

@@ -43,6 +43,7 @@ KV_STEP = 256                     # mlx-lm's KVCache / RotatingKVCache grow in s
 LOGIT_COPIES_FLOAT32 = 3          # float32 logits, their softmax / log-softmax, and their gradient
 KV_BATCH_COPIES = 1               # the decoding batch's cache (see the module docstring for a transient copy)
 DECODE_LOGIT_COPIES = 3           # per decoding row: logits, log-softmax, the previous step's (model dtype)
+LETTER_ROWS = 26                  # grammar and words decoding project onto the 26 letter rows only
 DEFAULT_LORA_KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -99,17 +100,30 @@ def weight_bytes(d: ModelDims) -> int:
     return linear * d.bits // 8 + groups * 2 * d.value_bytes + norms * d.value_bytes
 
 
+def lora_blocks(d: ModelDims, num_layers: int) -> int:
+    """Blocks that carry LoRA: the last `num_layers` (-1: all)."""
+    return d.layers if num_layers < 0 else min(num_layers, d.layers)
+
+
 def lora_parameters(d: ModelDims, rank: int, num_layers: int, keys=None) -> int:
     """LoRA weights of the last `num_layers` blocks (-1: all), on `keys` (None: every linear of a block)."""
     shapes = d.linear_shapes()
     keys = DEFAULT_LORA_KEYS if keys is None else keys
-    blocks = d.layers if num_layers < 0 else min(num_layers, d.layers)
-    return blocks * sum(rank * (shapes[k][0] + shapes[k][1]) for k in keys if k in shapes)
+    return lora_blocks(d, num_layers) * sum(rank * (shapes[k][0] + shapes[k][1]) for k in keys if k in shapes)
 
 
-def lora_bytes(params: int, optimizer_states: int, gradients: int = 1) -> int:
-    """float32 LoRA weights, `gradients` gradient trees alive at once and the optimizer's states per weight."""
-    return params * 4 * (1 + gradients + optimizer_states)
+def lora_bytes(params: int, optimizer_states: int, gradients: int = 1, trained: int | None = None) -> int:
+    """float32 LoRA weights (`params`), and for the `trained` ones (default: all) `gradients` gradient trees
+    alive at once and the optimizer's states per weight."""
+    trained = params if trained is None else trained
+    return params * 4 + trained * 4 * (gradients + optimizer_states)
+
+
+def trained_blocks(d: ModelDims, num_layers: int, train_layers: int | None) -> int:
+    """Blocks whose LoRA trains (`train_layers`: the last few; None: every LoRA block); the backward pass
+    stops below them."""
+    blocks = lora_blocks(d, num_layers)
+    return blocks if train_layers is None else min(train_layers, blocks)
 
 
 def kv_cache_bytes(d: ModelDims, rows: int, tokens: int, allocated: int | None = None) -> int:
@@ -127,6 +141,20 @@ def batch_cache_width(prompt_tokens: int, reply_tokens: int) -> int:
     return prompt_tokens + KV_STEP * math.ceil(max(reply_tokens, 1) / KV_STEP)
 
 
+def letter_decode_bytes(d: ModelDims, rows: int, distinct: int, prompt_tokens: int, batch: int) -> dict[str, int]:
+    """Grammar / words decoding (`llm/letter_decoder.py`), which decodes `rows` replies in chunks of `batch`: the
+    keys and values of the shared start and of each distinct prompt, exactly as long as they are, then each
+    chunk row's own copy of its prompt's and letters' keys and values; the transient of a chunk's prefill (its
+    prompts through one block: the MLP's gate, up and product and the attention scores in float32); 26-entry
+    letter logits per row."""
+    per_token = d.layers * d.kv_heads * d.head_dim * 2 * d.value_bytes
+    chunk = min(rows, batch)
+    prefill = min(chunk, max(distinct, 1))         # a chunk's distinct prompts (each chunk prefills its own)
+    kv = (prefill + 1) * prompt_tokens * per_token + chunk * (prompt_tokens + 5) * per_token
+    transient = prefill * prompt_tokens * (3 * d.intermediate * d.value_bytes + d.heads * prompt_tokens * 4)
+    return {"kv_cache": kv, "logits": transient + chunk * LETTER_ROWS * 4}
+
+
 def decode_logit_bytes(d: ModelDims, rows: int) -> int:
     """Vocabulary-wide arrays alive per decoding step of `rows` rows: DECODE_LOGIT_COPIES in the model dtype and
     one in float32."""
@@ -142,17 +170,21 @@ def activation_values_per_token(d: ModelDims, row_length: int) -> int:
     return 8 * d.hidden + 2 * qkv + d.heads * d.head_dim + 4 * d.intermediate + 2 * d.heads * row_length
 
 
-def activation_bytes(d: ModelDims, tokens: int, row_length: int, grad_checkpoint: bool) -> int:
-    """Activations kept for the backward pass of one micro-batch of `tokens` tokens in rows of `row_length`."""
+def activation_bytes(d: ModelDims, tokens: int, row_length: int, grad_checkpoint: bool,
+                     layers: int | None = None) -> int:
+    """Activations kept for the backward pass of one micro-batch of `tokens` tokens in rows of `row_length`,
+    through the top `layers` blocks (default: all; the blocks below the trained ones keep nothing)."""
+    layers = d.layers if layers is None else layers
     one_block = tokens * activation_values_per_token(d, row_length) * d.value_bytes
     if not grad_checkpoint:
-        return d.layers * one_block
-    return d.layers * tokens * d.hidden * d.value_bytes + one_block
+        return layers * one_block
+    return layers * tokens * d.hidden * d.value_bytes + one_block
 
 
-def logit_bytes(d: ModelDims, positions: int) -> int:
-    """Loss logits of `positions` positions for the backward pass."""
-    return positions * d.vocab * (d.value_bytes + 4 * LOGIT_COPIES_FLOAT32)
+def logit_bytes(d: ModelDims, positions: int, letters_only: bool = False) -> int:
+    """Loss logits of `positions` positions for the backward pass: over the vocabulary, or over the 26 letter
+    rows (grammar / words: the grammar loss and the GRPO update in those modes)."""
+    return positions * (LETTER_ROWS if letters_only else d.vocab) * (d.value_bytes + 4 * LOGIT_COPIES_FLOAT32)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -171,28 +203,37 @@ class SFTNumbers:
     grad_checkpoint: bool
     grad_accumulation: int = 1
     shared_prefix: int = 0           # tokens every example starts with, run once per batch (share_prefix)
+    train_layers: int | None = None  # only the last few blocks' LoRA trains
+    grammar_loss: bool = False       # the loss is over the 5 letters' 26 rows
 
 
 def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
+    blocks = trained_blocks(d, n.num_layers, n.train_layers)
+    trained = lora * blocks // max(lora_blocks(d, n.num_layers), 1)
     gradients = 2 if n.grad_accumulation > 1 else 1
     row = round_up(n.row_length - n.shared_prefix, n.pad_to)       # each example's own part, padded
     tokens = n.batch_size * row + n.shared_prefix
-    positions = round_up(n.batch_size * n.reply_tokens, n.pad_to)
+    positions = n.batch_size * 5 if n.grammar_loss else round_up(n.batch_size * n.reply_tokens, n.pad_to)
     plan = MemoryPlan({
         "weights": weight_bytes(d),
-        "lora": lora_bytes(lora, 2, gradients),
-        "activations": activation_bytes(d, tokens, n.row_length, n.grad_checkpoint),
-        "logits": logit_bytes(d, positions),
+        "lora": lora_bytes(lora, 2, gradients, trained),
+        "activations": activation_bytes(d, tokens, n.row_length, n.grad_checkpoint, blocks),
+        "logits": logit_bytes(d, positions, n.grammar_loss),
     })
     plan.notes = {
         "weights": weight_note(d),
-        "lora": f"{lora:,} params x 4 B x (1 + {gradients} grad + 2 AdamW states)",
+        "lora": f"{lora:,} params x 4 B + {trained:,} trained x 4 B x ({gradients} grad + 2 AdamW states)",
         "activations": activation_note(d, tokens, n.row_length, n.grad_checkpoint,
-                                       f"{n.batch_size} x {row} + {n.shared_prefix} shared"),
-        "logits": f"{positions} positions x {d.vocab:,} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B",
+                                       f"{n.batch_size} x {row} + {n.shared_prefix} shared", blocks),
+        "logits": logit_note(d, positions, n.grammar_loss),
     }
     return plan
+
+
+def logit_note(d: ModelDims, positions: int, letters_only: bool) -> str:
+    rows = f"{LETTER_ROWS} letter rows" if letters_only else f"{d.vocab:,}"
+    return f"{positions} loss positions x {rows} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B"
 
 
 @dataclass(frozen=True)
@@ -207,14 +248,19 @@ class GRPONumbers:
     rank: int
     num_layers: int
     keys: tuple | None
-    optimizer_states: int            # 2 AdamW, 1 SGD with momentum, 0 plain SGD
+    optimizer_states: int            # 2 AdamW, 1 SGD (mlx's SGD keeps a velocity per weight, momentum or not)
     grad_checkpoint: bool = False
     share_prompts: bool = False      # turn mode: a group's replies go through one pass after their one prompt
+    decode: str = "free"             # free: mlx-lm's BatchGenerator; grammar / words: the letter decoder
+    train_layers: int | None = None  # only the last few blocks' LoRA trains
 
 
 def grpo_rollout_bytes(d: ModelDims, n: GRPONumbers) -> dict[str, int]:
     """The rollout phase's arrays beside the weights and LoRA: {"kv_cache": ..., "logits": ...}."""
     rows = min(n.batch_prompts * n.generations, n.completion_batch_size)
+    if n.decode != "free":
+        return letter_decode_bytes(d, n.batch_prompts * n.generations, n.batch_prompts, n.prompt_tokens,
+                                   n.completion_batch_size)
     width = batch_cache_width(n.prompt_tokens, n.reply_tokens)
     prompt_caches = kv_cache_bytes(d, n.batch_prompts + 1, n.prompt_tokens)
     batch_cache = KV_BATCH_COPIES * kv_cache_bytes(d, rows, width, allocated=width)
@@ -228,20 +274,25 @@ def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
     its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt + reply up to
     max_tokens_per_microbatch."""
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
+    blocks = trained_blocks(d, n.num_layers, n.train_layers)
+    trained = lora * blocks // max(lora_blocks(d, n.num_layers), 1)
+    letters = n.decode != "free"
     rows = min(n.batch_prompts * n.generations, n.completion_batch_size)
     length = n.prompt_tokens + n.reply_tokens
+    scored = 5 if letters else n.reply_tokens          # loss positions a reply: its 5 letters, or every token
     if n.share_prompts:
-        positions = min(n.max_loss_tokens_per_microbatch, n.generations * n.reply_tokens)
+        positions = min(n.max_loss_tokens_per_microbatch, n.generations * scored)
         tokens, shape = n.prompt_tokens + positions, f"1 prompt of {n.prompt_tokens} + {positions} reply"
     else:
         micro_rows = max(1, min(n.batch_prompts * n.generations * length, n.max_tokens_per_microbatch) // length)
-        positions = min(n.max_loss_tokens_per_microbatch, micro_rows * n.reply_tokens)
+        positions = min(n.max_loss_tokens_per_microbatch, micro_rows * scored)
         tokens, shape = micro_rows * length, f"{micro_rows} x {length}"
     width = batch_cache_width(n.prompt_tokens, n.reply_tokens)
     rollout = grpo_rollout_bytes(d, n)
-    update = {"activations": activation_bytes(d, tokens, length, n.grad_checkpoint), "logits": logit_bytes(d, positions)}
+    update = {"activations": activation_bytes(d, tokens, length, n.grad_checkpoint, blocks),
+              "logits": logit_bytes(d, positions, letters)}
     phase = "rollout" if sum(rollout.values()) >= sum(update.values()) else "update"
-    items = {"weights": weight_bytes(d), "lora": lora_bytes(lora, n.optimizer_states),
+    items = {"weights": weight_bytes(d), "lora": lora_bytes(lora, n.optimizer_states, trained=trained),
              **(rollout if phase == "rollout" else update)}
     allocated = math.ceil(n.prompt_tokens / KV_STEP) * KV_STEP
     sliding, full = d.sliding_layers(), d.layers - d.sliding_layers()
@@ -251,14 +302,15 @@ def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
 
     notes = {
         "weights": weight_note(d),
-        "lora": f"{lora:,} params x 4 B x (1 + 1 grad + {n.optimizer_states} optimizer states)",
+        "lora": f"{lora:,} params x 4 B + {trained:,} trained x 4 B x (1 grad + {n.optimizer_states} optimizer states)",
         "kv_cache": (f"[{n.batch_prompts + 1} prompt caches x {layer_tokens(allocated)} + {KV_BATCH_COPIES} x "
                      f"{rows} rows x {layer_tokens(width)}] tokens x {d.kv_heads} KV heads x {d.head_dim} x 2 x "
-                     f"{d.value_bytes} B"),
-        "activations": activation_note(d, tokens, length, n.grad_checkpoint, shape),
-        "logits": (f"{rows} sampling rows x {d.vocab:,} x ({DECODE_LOGIT_COPIES} x {d.value_bytes} + 4) B"
-                   if phase == "rollout" else
-                   f"{positions} loss positions x {d.vocab:,} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B"),
+                     f"{d.value_bytes} B") if not letters else letter_kv_note(d, n.batch_prompts, rows,
+                                                                               n.prompt_tokens),
+        "activations": activation_note(d, tokens, length, n.grad_checkpoint, shape, blocks),
+        "logits": ((f"{rows} sampling rows x {d.vocab:,} x ({DECODE_LOGIT_COPIES} x {d.value_bytes} + 4) B"
+                    if not letters else "one prefill chunk's MLP and attention scores, 26 letter logits a row")
+                   if phase == "rollout" else logit_note(d, positions, letters)),
         "phase": (f"peak in the {phase} phase (rollout {gb(sum(rollout.values())):.2f} GB of KV cache + sampling "
                   f"logits, update {gb(sum(update.values())):.2f} GB of activations + loss logits)"),
     }
@@ -273,12 +325,51 @@ def weight_note(d: ModelDims) -> str:
             f"(scale, bias) + {norms:,} norm params x {d.value_bytes} B")
 
 
-def activation_note(d: ModelDims, tokens: int, length: int, grad_checkpoint: bool, shape: str) -> str:
+def letter_kv_note(d: ModelDims, distinct: int, rows: int, prompt_tokens: int) -> str:
+    return (f"[{distinct + 1} prompts x {prompt_tokens} + {rows} rows x ({prompt_tokens} + 5 letters)] tokens x "
+            f"{d.layers} layers x {d.kv_heads} KV heads x {d.head_dim} x 2 x {d.value_bytes} B")
+
+
+def activation_note(d: ModelDims, tokens: int, length: int, grad_checkpoint: bool, shape: str,
+                    layers: int | None = None) -> str:
+    layers = d.layers if layers is None else layers
     per = activation_values_per_token(d, length)
     if grad_checkpoint:
-        return (f"checkpointed: {tokens} tokens ({shape}) x ({d.layers} layers x {d.hidden} + one layer's "
+        return (f"checkpointed: {tokens} tokens ({shape}) x ({layers} layers x {d.hidden} + one layer's "
                 f"{per:,}) values x {d.value_bytes} B")
-    return f"{tokens} tokens ({shape}) x {d.layers} layers x {per:,} values x {d.value_bytes} B"
+    return f"{tokens} tokens ({shape}) x {layers} layers x {per:,} values x {d.value_bytes} B"
+
+
+@dataclass(frozen=True)
+class DecodeNumbers:
+    rows: int                        # replies decoded in one call (games in lockstep, capped by the batch)
+    distinct_prompts: int            # distinct boards among them
+    prompt_tokens: int
+    reply_tokens: int
+    completion_batch_size: int
+    rank: int
+    num_layers: int
+    keys: tuple | None
+    decode: str = "grammar"
+
+
+def decode_plan(d: ModelDims, n: DecodeNumbers) -> MemoryPlan:
+    """Playing without training (eval, play, self-play): the weights, the adapter's LoRA weights (no gradients,
+    no optimizer) and one decoding call's arrays, as a GRPO rollout has them."""
+    lora = lora_parameters(d, n.rank, n.num_layers, n.keys) if n.rank else 0
+    rollout = grpo_rollout_bytes(d, GRPONumbers(
+        batch_prompts=n.distinct_prompts, generations=max(1, n.rows // max(n.distinct_prompts, 1)),
+        prompt_tokens=n.prompt_tokens, reply_tokens=n.reply_tokens, completion_batch_size=n.completion_batch_size,
+        max_tokens_per_microbatch=1, max_loss_tokens_per_microbatch=1, rank=n.rank, num_layers=n.num_layers,
+        keys=n.keys, optimizer_states=0, decode=n.decode))
+    notes = {"weights": weight_note(d), "lora": f"{lora:,} adapter params x 4 B (no gradients, no optimizer)",
+             "kv_cache": (letter_kv_note(d, n.distinct_prompts, min(n.rows, n.completion_batch_size), n.prompt_tokens) if n.decode != "free" else
+                          f"{n.rows} rows of {n.prompt_tokens} + {n.reply_tokens} tokens in mlx-lm's caches"),
+             "logits": ("one prefill chunk's MLP and attention scores, 26 letter logits a row" if n.decode != "free"
+                        else f"{min(n.rows, n.completion_batch_size)} sampling rows x {d.vocab:,} x "
+                             f"({DECODE_LOGIT_COPIES} x {d.value_bytes} + 4) B"),
+             "phase": f"one decoding call of {n.rows} replies in {n.decode} decoding"}
+    return MemoryPlan({"weights": weight_bytes(d), "lora": lora * 4, **rollout}, notes)
 
 
 def gb(n: int | float) -> float:

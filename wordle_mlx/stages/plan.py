@@ -1,13 +1,15 @@
-"""`wordle-mlx plan`: the expected peak memory of one SFT or GRPO step, before a run, and which Macs it fits.
+"""`wordle-mlx plan`: the expected peak memory of a stage before it runs, and which Macs it fits.
 
-Reads the stage config (an SFT or a GRPO config, told apart by loading it with each stage's strict loader)
-and the model's `config.json`: from a local model folder, a builtin model, the Hugging Face cache for a Hub
-id, or `--model-config FILE` (a config.json alone is enough; no weights are read). It turns both into the
-numbers of `memory_plan.py` (one small function per stage reads the stage's fields, so a renamed field is
-changed in one place), prints the itemised peak with its arithmetic, the Mac memory sizes whose ~75%
-working set holds it, and the largest batch (SFT `batch_size`, GRPO `training.batch_prompts`) that fits
-`--memory-gb` (default: this machine's recommended working set). `warn_if_over_working_set` is what `sft`
-and `train` call before step 1: one line on stderr when the plan exceeds this machine's working set.
+Reads the stage config (SFT, GRPO, eval or self-play, told apart by loading it with each stage's strict
+loader) and the model's `config.json`: `--model-config FILE`, a local model folder, a builtin model, the
+Hugging Face cache for a Hub id, or, before any download, the known dimensions of the Gemma 3 checkpoints
+users name (`gemma3_sizes.py`: 270M, 1B, 4B, 12B in bf16, 8-bit and 4-bit). It turns both into the numbers
+of `memory_plan.py` (one small function per stage reads the stage's fields, so a renamed field is changed in
+one place), in the decoding mode the config uses (grammar and words decoding keep 26-entry logit rows, free
+decoding vocabulary-wide ones), and prints the itemised peak with its arithmetic, the Mac memory sizes whose
+~75% working set holds it, and the largest batch that fits `--memory-gb` (default: this machine's working
+set). `--measure` also runs two real steps of the stage (`plan_measure.py`). `warn_if_over_working_set` is
+what `sft` and `train` call before step 1: one line on stderr when the plan exceeds this machine's working set.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from ..config import StrictModel, load_config, read_json_file, resolve_path
 from ..errors import UserError
+from ..gemma3_sizes import known_config
 from .. import memory_plan as mp
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -34,27 +37,32 @@ class PlanConfig(StrictModel):
     model_json: str | None = None
     memory_gb: float | None = None
     prompt_tokens: int | None = None
+    measure: bool = False
     json_output: bool = False
 
 
 def stage_config(path: str):
-    """(("sft" | "grpo"), config): whichever strict loader accepts the file; else one line naming both errors."""
+    """(("sft" | "grpo" | "eval" | "self-play"), config): whichever strict loader accepts the file; else one line
+    naming each loader's error."""
+    from .choice import ChoiceConfig
+    from .evaluate import EvalConfig
     from .grpo_config import GRPOConfig
     from .sft import SFTConfig
 
     errors = []
-    for kind, model in (("sft", SFTConfig), ("grpo", GRPOConfig)):
+    for kind, model in (("sft", SFTConfig), ("grpo", GRPOConfig), ("self-play", ChoiceConfig), ("eval", EvalConfig)):
         try:
             return kind, load_config(path, model)
         except UserError as e:
             if "file not found" in str(e) or "invalid JSON" in str(e) or "is a folder" in str(e):
                 raise
-            errors.append(f"as {kind.upper()}: {str(e).removeprefix(str(path) + ': ')}")
-    raise UserError(f"{path}: neither an SFT nor a GRPO config ({'; '.join(errors)})")
+            errors.append(f"as {kind}: {str(e).removeprefix(str(path) + ': ')}")
+    raise UserError(f"{path}: not an SFT, GRPO, self-play or eval config ({'; '.join(errors)})")
 
 
 def model_config_dict(spec: str, explicit: str | None) -> dict:
-    """The model's config.json as a dict: --model-config, a folder, a builtin, or the Hugging Face cache."""
+    """The model's config.json as a dict: --model-config, a folder, a builtin, the Hugging Face cache, or the
+    known dimensions of a Gemma 3 repo id (before the download)."""
     from ..llm.models import BUILTIN_PREFIX, HF_REPO_PATTERN, resolve_model
 
     if explicit is not None:
@@ -73,8 +81,11 @@ def model_config_dict(spec: str, explicit: str | None) -> dict:
             cached = None
         if isinstance(cached, str):
             return read_json_object(Path(cached))
-    raise UserError(f"model {spec!r}: no config.json found (not a folder with one, and not in the Hugging Face "
-                    "cache); pass --model-config FILE")
+        known = known_config(spec)
+        if known is not None:
+            return known
+    raise UserError(f"model {spec!r}: no config.json found (not a folder with one, not in the Hugging Face cache, "
+                    "and not a Gemma 3 270M / 1B / 4B / 12B repo id); pass --model-config FILE")
 
 
 def read_json_object(path: Path) -> dict:
@@ -167,51 +178,110 @@ def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
                             rank=cfg.lora.rank, num_layers=cfg.lora.num_layers,
                             keys=tuple(cfg.lora.keys) if cfg.lora.keys else None,
                             grad_checkpoint=cfg.grad_checkpoint, grad_accumulation=cfg.grad_accumulation,
-                            shared_prefix=shared)
+                            shared_prefix=shared, train_layers=cfg.lora.train_layers,
+                            grammar_loss=sft_decode(cfg) != "free")
     return numbers, why
+
+
+def sft_decode(cfg) -> str:
+    """The policy an SFT config's loss trains: its `decode` ("free", "grammar", "words")."""
+    return getattr(cfg, "decode", "grammar" if getattr(cfg, "grammar_loss", False) else "free")
+
+
+def adapter_layout(cfg, adapter: str | None, rank: int, num_layers: int, keys):
+    """(rank, num_layers, keys) of an existing adapter folder's adapter_config.json, else the given ones."""
+    if adapter:
+        path = resolve_path(cfg, adapter) / "adapter_config.json"
+        if path.is_file():
+            config = read_json_object(path)
+            params = config.get("lora_parameters", {})
+            return params.get("rank", rank), config.get("num_layers", num_layers), params.get("keys", keys)
+    return rank, num_layers, keys
 
 
 def grpo_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.GRPONumbers, str]:
     """The GRPO fields the planner reads (one place to follow a renamed field). With an existing
     model.start_adapter, LoRA's size is the adapter's own; else the config's lora section."""
     t, rl = cfg.training, cfg.rl
-    rank, num_layers, keys = cfg.lora.rank, cfg.lora.num_layers, cfg.lora.keys
-    if cfg.model.start_adapter:
-        adapter = resolve_path(cfg, cfg.model.start_adapter) / "adapter_config.json"
-        if adapter.is_file():
-            params = read_json_object(adapter).get("lora_parameters", {})
-            rank, keys = params.get("rank", rank), params.get("keys", keys)
-            num_layers = read_json_object(adapter).get("num_layers", num_layers)
+    rank, num_layers, keys = adapter_layout(cfg, cfg.model.start_adapter, cfg.lora.rank, cfg.lora.num_layers,
+                                            cfg.lora.keys)
     greedy = 1 if rl.mode == "turn" and rl.turn_continue == "greedy" else 0
     prompt = prompt_tokens or prompt_token_estimate(rl.prompt)
-    states = 2 if t.optimizer == "adamw" else 0      # sgd keeps no state
+    states = 2 if t.optimizer == "adamw" else 1      # mlx's SGD keeps a velocity per weight, momentum or not
     numbers = mp.GRPONumbers(
         batch_prompts=t.batch_prompts, generations=rl.num_generations + greedy, prompt_tokens=prompt,
         reply_tokens=rl.max_completion_tokens, completion_batch_size=rl.completion_batch_size,
         max_tokens_per_microbatch=t.max_tokens_per_microbatch,
         max_loss_tokens_per_microbatch=t.max_loss_tokens_per_microbatch, rank=rank, num_layers=num_layers,
         keys=tuple(keys) if keys else None, optimizer_states=states,
-        grad_checkpoint=bool(getattr(t, "grad_checkpoint", False)), share_prompts=rl.mode == "turn")
-    return numbers, f"prompts of about {prompt} tokens, replies of up to {rl.max_completion_tokens}"
+        grad_checkpoint=bool(getattr(t, "grad_checkpoint", False)), share_prompts=rl.mode == "turn",
+        decode=decode_mode(rl.decode, rl.prompt), train_layers=cfg.lora.train_layers)
+    return numbers, (f"prompts of about {prompt} tokens, replies of up to {rl.max_completion_tokens}, "
+                     f"{numbers.decode} decoding")
+
+
+def decode_mode(mode: str, prompt) -> str:
+    """The decoding a stage really uses: free for a format with free text (`reply_grammar.effective_mode`)."""
+    from ..llm.reply_grammar import effective_mode
+
+    return effective_mode(mode, prompt, False)
+
+
+def eval_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.DecodeNumbers, str]:
+    """An eval config: its games in lockstep, every board distinct, in chunks of completion_batch_size."""
+    r = cfg.rollout
+    rank, num_layers, keys = adapter_layout(cfg, cfg.adapter, 0, -1, None)
+    prompt = prompt_tokens or prompt_token_estimate(r.prompt)
+    numbers = mp.DecodeNumbers(rows=cfg.games, distinct_prompts=cfg.games, prompt_tokens=prompt,
+                               reply_tokens=r.max_tokens_per_turn, completion_batch_size=r.completion_batch_size,
+                               rank=rank, num_layers=num_layers, keys=tuple(keys) if keys else None,
+                               decode=decode_mode(r.decode, r.prompt))
+    return numbers, (f"{cfg.games} games in lockstep, prompts of about {prompt} tokens, {numbers.decode} decoding"
+                     + ("" if rank else " (LoRA not counted: no adapter_config.json yet)"))
+
+
+def self_play_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.DecodeNumbers, str]:
+    """A self-play config: one board at a time, its fitting answers scored score_chunk at a time."""
+    from ..llm.prompts import PromptConfig
+
+    prompt_cfg = cfg.prompt or PromptConfig()
+    rank, num_layers, keys = adapter_layout(cfg, cfg.adapter, 0, -1, None)
+    prompt = prompt_tokens or prompt_token_estimate(prompt_cfg)
+    numbers = mp.DecodeNumbers(rows=cfg.score_chunk, distinct_prompts=1, prompt_tokens=prompt, reply_tokens=16,
+                               completion_batch_size=cfg.score_chunk, rank=rank, num_layers=num_layers,
+                               keys=tuple(keys) if keys else None, decode=decode_mode(cfg.decode, prompt_cfg))
+    return numbers, (f"{cfg.score_chunk} candidate replies scored a pass, prompts of about {prompt} tokens, "
+                     f"{numbers.decode} scoring" + ("" if rank else " (LoRA not counted: no adapter_config.json yet)"))
 
 
 def stage_parts(kind: str, cfg):
     """(model spec, dtype, numbers function, batch field name) of a loaded stage config."""
     if kind == "sft":
         return cfg.model, cfg.dtype, sft_numbers, "batch_size"
-    return cfg.model.name, cfg.model.dtype, grpo_numbers, "batch_prompts"
+    if kind == "grpo":
+        return cfg.model.name, cfg.model.dtype, grpo_numbers, "training.batch_prompts"
+    if kind == "eval":
+        return cfg.model, cfg.dtype, eval_numbers, "rollout.completion_batch_size"
+    return cfg.model, cfg.dtype, self_play_numbers, "score_chunk"
 
 
 def plan_for(kind: str, dims: mp.ModelDims, numbers) -> mp.MemoryPlan:
-    return mp.sft_plan(dims, numbers) if kind == "sft" else mp.grpo_plan(dims, numbers)
+    if kind == "sft":
+        return mp.sft_plan(dims, numbers)
+    return mp.grpo_plan(dims, numbers) if kind == "grpo" else mp.decode_plan(dims, numbers)
 
 
 def with_batch(kind: str, numbers, n: int):
     """`numbers` with batch n: SFT's batch_size; GRPO's batch_prompts with all its replies decoded at once
-    (completion_batch_size = n x G; micro-batches cap the update, so batch_prompts alone would not raise the peak)."""
+    (completion_batch_size = n x G; micro-batches cap the update, so batch_prompts alone would not raise the
+    peak); eval's and self-play's rows decoded or scored together."""
     if kind == "sft":
         return dataclasses.replace(numbers, batch_size=n)
-    return dataclasses.replace(numbers, batch_prompts=n, completion_batch_size=n * numbers.generations)
+    if kind == "grpo":
+        return dataclasses.replace(numbers, batch_prompts=n, completion_batch_size=n * numbers.generations)
+    return dataclasses.replace(numbers, rows=max(n, numbers.rows), completion_batch_size=n,
+                               distinct_prompts=min(numbers.distinct_prompts, n) if kind == "self-play"
+                               else max(n, numbers.distinct_prompts))
 
 
 def this_machine_working_set() -> tuple[float, str]:
@@ -236,6 +306,8 @@ def build_plan(kind: str, cfg, model_config: str | None = None, prompt_tokens: i
 
 
 def run(cfg: PlanConfig) -> dict:
+    from .plan_measure import measure_stage
+
     kind, stage_cfg = stage_config(cfg.config)
     dims, numbers, why, batch_field = build_plan(kind, stage_cfg, cfg.model_json, cfg.prompt_tokens)
     plan = plan_for(kind, dims, numbers)
@@ -250,7 +322,24 @@ def run(cfg: PlanConfig) -> dict:
               "batch_field": batch_field, "largest_batch": largest}
     if not cfg.json_output:
         print_plan(result)
+    if cfg.measure:
+        result["measured"] = measure_stage(kind, stage_cfg, cfg.config)
+        if not cfg.json_output:
+            print_measured(result)
     return result
+
+
+def print_measured(r: dict) -> None:
+    m = r["measured"]
+    error = (m["peak_gb"] - r["peak_gb"]) / m["peak_gb"] if m["peak_gb"] else 0.0
+    print(f"measured on this machine ({m['what']}): peak {m['peak_gb']:.2f} GB (plan {r['peak_gb']:.2f} GB, "
+          f"{error:+.0%}), {m['seconds_per_unit']:.1f} s per {m['unit']}; the whole stage ({m['units']} "
+          f"{m['unit']}s): about {format_duration(m['projected_seconds'])}")
+
+
+def format_duration(seconds: float) -> str:
+    hours, rest = divmod(int(round(seconds)), 3600)
+    return f"{hours} h {rest // 60} min" if hours else f"{rest // 60} min {rest % 60} s"
 
 
 def print_plan(r: dict) -> None:
@@ -262,7 +351,7 @@ def print_plan(r: dict) -> None:
     print(f"  {'peak':<12}{r['peak_gb']:8.2f} GB  {r['notes'].get('phase', '')}".rstrip())
     fits = ", ".join(str(s) for s in r["fits_mac_gb"]) or "none of " + ", ".join(str(s) for s in mp.MAC_SIZES_GB)
     print(f"fits Macs of {fits} GB (a working set of {mp.WORKING_SET_FRACTION:.0%} of memory)")
-    how = " with completion_batch_size = batch_prompts x G" if r["stage"] == "grpo" else ""
+    how = " with rl.completion_batch_size = batch_prompts x G" if r["stage"] == "grpo" else ""
     print(f"largest {r['batch_field']}{how} within {r['budget_gb']:.1f} GB ({r['budget']}): {r['largest_batch']}")
 
 

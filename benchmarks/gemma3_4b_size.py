@@ -1,0 +1,211 @@
+"""Every stage of scripts/train_4b.sh on a full-size Gemma 3 4B checkpoint, and the planner against MLX's peak.
+
+The checkpoint is random (seeded) but has exactly the shapes, config and layout of
+`mlx-community/gemma-3-4b-it-bf16` and `-4bit` (`llm/mac_layouts.rehearsal_model`: text and vision towers,
+two 5 GB shards and their index for bf16, mlx-lm's quantizer for 4-bit, Gemma 3's tokenizer files). It is
+built once in the user cache (about 11.6 GB for both) and never committed. For each variant the script runs
+the recipe's own configs from config/gemma3-4b/, changing only the model path, the output folders and the
+sizes, at the smallest that still run each code path: plan, data, SFT (2 steps, the config's gradient
+checkpointing and loss), self-play (2 + 1 secrets), cover, GRPO (2 steps in the config's decoding), eval
+(2 games), fuse (as the chain fuses: 4-bit dequantized) and export (a q8_0 GGUF, deleted after). A random
+model never spells a word, so every reply to a board would score alike and GRPO would skip its groups: as in
+tests/test_mac_rehearsal.py, the first reply to each board is replaced by a well-formed guess, so the
+update runs. For the SFT and GRPO steps it prints `wordle-mlx plan`'s peak for the same shrunk config beside
+MLX's measured peak (`plan --measure`'s runs: loading and 2 steps) and the seconds of the second step. bf16
+runs at a smaller batch than 4-bit (bf16 matmuls are slow on this CPU) and says so. Ends `max_error X%`:
+the largest |plan - measured| / measured over the SFT and GRPO steps of both variants.
+
+    .venv/bin/python benchmarks/gemma3_4b_size.py [--variants 4bit bf16] [--skip-export]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.rehearsal import first_reply_a_word, recipe_config as recipe  # noqa: E402
+
+KINDS = {"bf16": "bfloat16", "4bit": "4bit"}
+# On this CPU (mlx[cpu]) a bf16 matmul runs at about 7 GFLOP/s and a 4-bit one at 0.35 with bf16 activations
+# and 3 with float32 ones (this script prints them first): the full-size run keeps bf16
+# weights in bf16, computes the 4-bit model's activations in float32 (the loader's CPU default; on a Mac the
+# configs' bfloat16 applies), and uses one example or board a step, on the empty board (the shortest prompts).
+FULL_SIZE_DTYPE = {"bf16": "bfloat16", "4bit": "float32"}
+
+
+class Variant:
+    """One checkpoint's run through the chain, in its own temporary folder."""
+
+    def __init__(self, variant: str, model: Path, root: Path, full: bool):
+        self.variant, self.model, self.root, self.full = variant, str(model), root, full
+        self.dtype = FULL_SIZE_DTYPE[variant] if full else None
+        self.rows: list[tuple[str, float, str]] = []
+        self.steps: list[dict] = []
+
+    def write(self, name: str, data: dict) -> Path:
+        path = self.root / name
+        path.write_text(json.dumps(data))
+        return path
+
+    def timed(self, stage: str, run, note: str = "") -> object:
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = run()
+        seconds = time.perf_counter() - start
+        self.rows.append((stage, seconds, note))
+        print(f"  {self.variant:<5} {stage:<10} {seconds:8.1f} s  {note}", flush=True)
+        return result
+
+    def plan_and_measure(self, kind: str, path: Path, note: str, keep: str) -> None:
+        """`wordle-mlx plan` of the shrunk config, then `plan --measure`'s two steps, whose adapter is kept."""
+        from wordle_mlx.stages import plan
+        from wordle_mlx.stages.plan_measure import measure_stage
+
+        planned = plan.run(plan.PlanConfig(config=str(path), json_output=True))
+        _, cfg = plan.stage_config(str(path))
+        measured = self.timed(kind, lambda: measure_stage(kind, cfg, str(path), keep=keep), note)
+        error = abs(planned["peak_gb"] - measured["peak_gb"]) / measured["peak_gb"]
+        self.steps.append({"variant": self.variant, "stage": f"{kind} step", "plan_gb": planned["peak_gb"],
+                           "measured_gb": measured["peak_gb"], "error": error,
+                           "seconds_per_step": measured["seconds_per_unit"], "note": note})
+
+    def config(self, name: str, **changes) -> dict:
+        """config/gemma3-4b/`name` on this checkpoint (and, at full size, in FULL_SIZE_DTYPE), with `changes`."""
+        grpo = name.startswith("grpo")
+        model = {"model.name": self.model} if grpo else {"model": self.model}
+        if self.dtype:
+            model["model.dtype" if grpo else "dtype"] = self.dtype
+        return recipe(name, **model, **changes)
+
+    def run(self, export: bool) -> None:
+        from wordle_mlx.config import load_config
+        from wordle_mlx.llm import generation
+        from wordle_mlx.stages import choice, cover, data, evaluate, export as export_stage, fuse, plan
+
+        v, logs, full = self.variant, str(self.root / "logs"), self.full
+        for name in (f"sft-{v}.json", f"grpo-{v}.json", f"eval-{v}.json", f"self-play-{v}.json"):
+            cfg = self.write(f"plan-{name}", self.config(name))
+            self.timed("plan", lambda: plan.run(plan.PlanConfig(config=str(cfg), json_output=True)), name)
+        shortest = {"history.k_weights": [1.0]} if full else {}      # the empty board: the shortest prompts
+        data_cfg = self.write("data.json", recipe("data.json", out=str(self.root / "data"), train_examples=16,
+                                                  valid_examples=4, tokenizer=self.model, progress=False,
+                                                  **shortest))
+        self.timed("data", lambda: data.run(load_config(data_cfg, data.DataConfig)), "16 + 4 examples")
+        batch = 1 if full else 2
+        sft_cfg = self.write("sft.json", self.config(f"sft-{v}.json", data=str(self.root / "data"), logs_dir=logs,
+                                                      steps=2, batch_size=batch, valid_every=0, save_every=0,
+                                                      run_name="sft"))
+        sft_adapter = str(self.root / "sft-adapter")
+        grad_checkpoint = recipe(f"sft-{v}.json").get("grad_checkpoint", False)
+        self.plan_and_measure("sft", sft_cfg, f"batch {batch}, grad_checkpoint {grad_checkpoint}, "
+                              f"{self.dtype or 'bfloat16'}", sft_adapter)
+        if full:     # every fitting answer of every board scored: hours at this size on this CPU
+            self.rows.append(("self-play", 0.0, "not run at full size (--size tiny runs it)"))
+        else:
+            play_cfg = self.write("self-play.json", self.config(f"self-play-{v}.json", adapter=sft_adapter,
+                                                                out=str(self.root / "self-play"), train_games=2,
+                                                                valid_games=1, progress=False))
+            self.timed("self-play", lambda: choice.run(load_config(play_cfg, choice.ChoiceConfig)), "2 + 1 secrets")
+            self.timed("cover", lambda: cover.run(load_config(None, cover.CoverConfig, {
+                "data": str(self.root / "self-play"), "out": str(self.root / "cover"), "max_candidates": 5,
+                "copies": 4, "progress": False})), "on the self-play data")
+        boards = 1 if full else 2
+        grpo_cfg = self.write("grpo.json", self.config(f"grpo-{v}.json", **{
+            "model.start_adapter": sft_adapter, "logs_dir": logs, "run_name": "grpo", "training.steps": 2,
+            "training.batch_prompts": boards, "training.save_every": 0, "rl.num_generations": 2,
+            "rl.max_invalid_replies": 1, **({"prompts.k_weights": [1.0]} if full else {})}))
+        grpo_adapter = str(self.root / "grpo-adapter")
+        with mock.patch.object(generation, "BatchedGenerator", first_reply_a_word(generation.BatchedGenerator)):
+            decode = recipe(f"grpo-{v}.json").get("rl", {}).get("decode", "grammar")
+            self.plan_and_measure("grpo", grpo_cfg, f"{boards} board(s) x (2 + greedy), {decode} decoding, "
+                                  f"{self.dtype or 'bfloat16'}", grpo_adapter)
+        games = 1 if full else 2
+        eval_cfg = self.write("eval.json", self.config(f"eval-{v}.json", adapter=grpo_adapter, games=games,
+                                                       baselines=False, out=str(self.root / "eval.json"),
+                                                       progress=False, json_output=True))
+        self.timed("eval", lambda: evaluate.run(load_config(eval_cfg, evaluate.EvalConfig)), f"{games} game(s)")
+        fused = self.root / "fused"
+        result = self.timed("fuse", lambda: fuse.run(fuse.FuseConfig(
+            model=self.model, adapter=grpo_adapter, out=str(fused), dequantize=v == "4bit",
+            dtype="bfloat16" if v == "4bit" else None)), "dequantized to bf16" if v == "4bit" else "bf16")
+        fused_eval = self.write("eval-fused.json", recipe(f"eval-{v}.json", model=str(fused), games=games,
+                                                          baselines=False, out=str(self.root / "eval-fused.json"),
+                                                          progress=False, json_output=True))
+        self.timed("eval fused", lambda: evaluate.run(load_config(fused_eval, evaluate.EvalConfig)),
+                   f"{games} game(s); fuse logit gap {result['max_abs_logit_diff']:.3g} <= {result['tolerance']:.3g}")
+        shutil.rmtree(fused, ignore_errors=True)
+        if export:
+            gguf = self.root / "player.gguf"
+            self.timed("export", lambda: export_stage.run(export_stage.ExportConfig(
+                adapter=grpo_adapter, out=str(gguf), model=self.model, gguf_type="q8_0", json_output=True)),
+                "q8_0 GGUF")
+            gguf.unlink(missing_ok=True)
+
+
+def kernel_rates() -> None:
+    """GFLOP/s of one 4B MLP projection (2560 x 10240) at 64 rows: bf16, float32, 4-bit with bf16 and with
+    float32 activations."""
+    import mlx.core as mx
+
+    k, n, m = 2560, 10240, 64
+    w = mx.random.normal((n, k)).astype(mx.bfloat16)
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+    x = mx.random.normal((m, k))
+    w32, s32, b32, xb = w.astype(mx.float32), scales.astype(mx.float32), biases.astype(mx.float32), x.astype(mx.bfloat16)
+    mx.eval(w, wq, scales, biases, x, w32, s32, b32, xb)
+    for name, f in (("bf16", lambda: xb @ w.T), ("float32", lambda: x @ w32.T),
+                    ("4-bit, bf16 activations", lambda: mx.quantized_matmul(xb, wq, scales, biases)),
+                    ("4-bit, float32 activations", lambda: mx.quantized_matmul(x, wq, s32, b32))):
+        mx.eval(f())
+        start = time.perf_counter()
+        mx.eval(f())
+        print(f"matmul {name}: {2 * m * k * n / (time.perf_counter() - start) / 1e9:.2f} GFLOP/s", flush=True)
+
+
+def main() -> None:
+    reexec_with_openblas()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", default=["4bit", "bf16"], choices=sorted(KINDS))
+    ap.add_argument("--skip-export", action="store_true")
+    ap.add_argument("--size", choices=["4b", "tiny"], default="4b",
+                    help="tiny: the same chain on the tests' tiny Mac layouts (a quick check of this script)")
+    args = ap.parse_args()
+
+    from wordle_mlx.blas import describe_blas
+    from wordle_mlx.llm.mac_layouts import make_mac_layout, rehearsal_model
+
+    print(f"Gemma 3 4B at {'full' if args.size == '4b' else 'tiny'} size, random weights; {describe_blas()}")
+    kernel_rates()
+    steps, scratch = [], Path(tempfile.mkdtemp(prefix="wordle-mlx-4b-layouts-"))
+    for variant in args.variants:
+        start = time.perf_counter()
+        model = (rehearsal_model(KINDS[variant]) if args.size == "4b"
+                 else make_mac_layout(scratch / variant, KINDS[variant]))
+        print(f"{variant}: checkpoint {model} ready in {time.perf_counter() - start:.0f} s", flush=True)
+        with tempfile.TemporaryDirectory(prefix=f"wordle-mlx-4b-{variant}-") as tmp:
+            run = Variant(variant, model, Path(tmp), full=args.size == "4b")
+            run.run(export=not args.skip_export)
+            steps += run.steps
+    print()
+    print(f"{'variant':<8}{'step':<11}{'plan GB':>9}{'measured GB':>13}{'error':>8}{'s/step':>9}  setting")
+    for s in steps:
+        print(f"{s['variant']:<8}{s['stage']:<11}{s['plan_gb']:9.2f}{s['measured_gb']:13.2f}{s['error']:8.1%}"
+              f"{s['seconds_per_step']:9.1f}  {s['note']}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"max_error {100 * max(s['error'] for s in steps):.1f}%")
+
+
+if __name__ == "__main__":
+    main()

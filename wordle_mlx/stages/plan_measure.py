@@ -1,0 +1,109 @@
+"""`wordle-mlx plan --measure`: two real steps of a stage on this machine, beside the plan.
+
+`measure_stage(kind, cfg, path)` runs the stage the config describes, shrunk to two steps, in a temporary
+folder (nothing of the user's is written): SFT and GRPO for 2 steps (no validation, no game eval, one
+checkpoint at the end), eval on at most two decoding batches of games, self-play on 2 train and 1 valid
+secret. It frees MLX's cache and resets its peak counter first, so the peak it reports is MLX's own
+(`mx.get_peak_memory()`) over loading and those steps, and it times the second step (the first one compiles
+and warms caches) to project the whole stage: steps x seconds a step for training (validation and
+checkpoints not counted), games x seconds a game for eval and self-play. `benchmarks/gemma3_4b_size.py`
+uses the same runs at the 4B's real size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..config import resolve_path
+from .. import memory_plan as mp
+
+
+def sft_run(cfg, root: Path) -> tuple[float, int, str]:
+    from . import sft
+
+    steps = cfg.steps
+    shrunk = cfg.model_copy(update={
+        "steps": 2, "valid_every": 0, "save_every": 0, "resume": None, "overwrite": True, "progress": False,
+        "logs_dir": str(root), "run_name": "measure", "data": str(resolve_path(cfg, cfg.data)),
+        "start_adapter": str(resolve_path(cfg, cfg.start_adapter)) if cfg.start_adapter else None,
+        "game_eval": cfg.game_eval.model_copy(update={"every": 0})})
+    sft.run(shrunk)
+    records = [json.loads(line) for line in (root / "measure" / "metrics.jsonl").read_text().splitlines()]
+    second = [r for r in records if r.get("kind") == "sft"][-1]
+    return second["tokens"] / second["tokens_per_second"], steps, "step"
+
+
+def grpo_run(cfg, root: Path) -> tuple[float, int, str]:
+    from . import grpo
+
+    steps = cfg.training.steps
+    start = cfg.model.start_adapter
+    shrunk = cfg.model_copy(update={
+        "training": cfg.training.model_copy(update={"steps": 2, "save_every": 0}),
+        "model": cfg.model.model_copy(update={"start_adapter": str(resolve_path(cfg, start)) if start else None}),
+        "game_eval": cfg.game_eval.model_copy(update={"every": 0}), "resume": None, "overwrite": True,
+        "progress": False, "logs_dir": str(root), "run_name": "measure"})
+    grpo.run(shrunk)
+    records = [json.loads(line) for line in (root / "measure" / "metrics.jsonl").read_text().splitlines()]
+    second = [r for r in records if r.get("kind") == "train"][-1]
+    return second["rollout_seconds"] + second["update_seconds"], steps, "step"
+
+
+def eval_run(cfg, root: Path) -> tuple[float, int, str]:
+    from . import evaluate
+
+    games = min(cfg.games, 2 * cfg.rollout.completion_batch_size)
+    adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None
+    shrunk = cfg.model_copy(update={"games": games, "baselines": False, "out": str(root / "eval.json"),
+                                    "adapter": adapter, "progress": False, "json_output": True})
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluate.run(shrunk)
+    return (time.perf_counter() - start) / games, cfg.games, "game"
+
+
+def self_play_run(cfg, root: Path) -> tuple[float, int, str]:
+    from ..game.splits import split_answers
+    from ..game.words import answers
+    from . import choice
+
+    splits = split_answers(answers())
+    games = (cfg.train_games or len(splits["train"])) + (cfg.valid_games or len(splits["valid"]))
+    adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None
+    shrunk = cfg.model_copy(update={"train_games": 2, "valid_games": 1, "out": str(root / "self-play"),
+                                    "adapter": adapter, "progress": False})
+    start = time.perf_counter()
+    choice.run(shrunk)
+    return (time.perf_counter() - start) / 3, games, "game"
+
+
+RUNS = {"sft": sft_run, "grpo": grpo_run, "eval": eval_run, "self-play": self_play_run}
+WHAT = {"sft": "2 SFT steps, the second timed", "grpo": "2 GRPO steps, the second timed",
+        "eval": "up to two decoding batches of games", "self-play": "3 self-play games"}
+
+
+def measure_stage(kind: str, cfg, path: str, keep: str | None = None) -> dict:
+    """MLX's peak over loading and two steps of the stage `cfg` (loaded from `path`), the seconds of one step
+    (or game), and the projected seconds of the whole stage; `keep`: a folder to copy a training stage's
+    adapter to."""
+    with tempfile.TemporaryDirectory(prefix="wordle-mlx-measure-") as tmp:
+        gc.collect()
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        seconds, units, unit = RUNS[kind](cfg, Path(tmp))
+        peak = mx.get_peak_memory()
+        if keep is not None and (Path(tmp) / "measure" / "adapters").is_dir():
+            shutil.copytree(Path(tmp) / "measure" / "adapters", keep, dirs_exist_ok=True)
+    gc.collect()
+    mx.clear_cache()
+    return {"what": WHAT[kind], "config": path, "peak_gb": round(mp.gb(peak), 3), "seconds_per_unit": seconds,
+            "unit": unit, "units": units, "projected_seconds": seconds * units}

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The 270M recipe (scripts/train_270m_cpu.sh) for Gemma 3 4B on a Mac: the same prompts (compact: the clues
-# only) and replies (the guess in letters, no think block), the same stages, with fewer SFT passes:
-# data -> SFT on the solver's data -> a self-choice round (`data self-play`: each board the model reaches is
-# labelled with the fitting answer it scores highest) -> SFT on it -> a second self-choice round -> answer
-# coverage (`data cover`) -> one SFT pass on the last 12 of 34 blocks -> GRPO with plain SGD in turn mode -> eval.
-# Configs: config/gemma3-4b/ (VARIANT=bf16 for 24 GB and more, VARIANT=4bit for 16 GB; `wordle-mlx plan
-# --config FILE` prints each one's expected peak memory). How long a step takes on a given Mac is not measured
-# here; the first SFT and GRPO steps print their speed.
+# The 270M recipe (scripts/train_270m_cpu.sh, config/recipe-270m/) for Gemma 3 4B on a Mac: the same prompts
+# (compact: the clues only), replies (the guess in letters, no think block), stages, losses and step counts:
+# data -> three SFT passes on the entropy solver's games (decode "grammar": the 5 letters as choices among 26)
+# -> a self-choice round in words decoding (each board the model reaches is labelled with the fitting answer it
+# scores highest) -> four SFT passes on it (decode "words") -> a second self-choice round with answer coverage
+# (`data cover`) -> one SFT pass that also trains the reply's tags -> 100 GRPO steps with plain SGD in words
+# decoding, validated every 20 steps and the best kept -> evals -> fuse (4-bit: dequantized, the way that keeps
+# the adapter) -> the fused model's eval. What differs from the 270M recipe, and why: docs/RESULTS.md ("The 4B
+# recipe"). Configs: config/gemma3-4b/ (VARIANT=bf16 for 24 GB and more, VARIANT=4bit for 16 GB).
+# `wordle-mlx plan --config FILE` prints each training stage's expected peak memory before it runs, with or
+# without the model downloaded; `wordle-mlx plan --config FILE --measure` also runs two real steps and projects
+# the stage's time on your Mac.
 #
 # Resumable: every finished stage leaves logs/recipe-4b-$VARIANT/<stage>.done and is skipped when the script is
 # run again; an interrupted SFT or GRPO stage continues from its last checkpoint (--resume). Ctrl-C stops a
@@ -18,6 +22,7 @@
 #   STOP_AFTER=sft scripts/train_4b.sh      # stop after a stage (run again to go on)
 #   DRY_RUN=1 scripts/train_4b.sh           # print the stages still to run and their commands
 set -euo pipefail
+trap 'echo "recipe stopped: line $LINENO exited with status $?" >&2' ERR
 cd "$(dirname "$0")/.."
 W="${W:-.venv/bin/wordle-mlx}"
 VARIANT="${VARIANT:-bf16}"
@@ -31,22 +36,32 @@ start=$(date +%s)
 
 source scripts/recipe_stages.sh   # stage NAME CMD... (run once, .done markers), train_or_resume DIR CMD...
 
-evaluate() {  # evaluate NAME ADAPTER: greedy play of the test words
+evaluate() {  # evaluate NAME ADAPTER: greedy play of the test words, in the decoding the adapter records
   stage "eval-$1" $W eval --config "$C/eval-$VARIANT.json" --adapter "$2" --no-baselines --games "$GAMES" \
     --max-tokens 16 --no-progress --out "$R/eval_$1_greedy.json"
 }
 
-plan() {  # plan CONFIG: the expected peak memory of its step (needs the model's config.json: after the first download)
-  $W plan --config "$1" || echo "(no memory plan yet: the model is downloaded by the first stage that loads it)"
+plan() {  # plan CONFIG: the expected peak memory of its step (known 4B dimensions: no download needed)
+  $W plan --config "$1"
 }
 
 stage setup      make setup
 stage data       $W data --config "$C/data.json"
 plan "$C/sft-$VARIANT.json"
 stage sft        train_or_resume "logs/gemma3-4b-sft-$VARIANT" $W sft --config "$C/sft-$VARIANT.json"
+stage data-focus $W data --config "$C/data-focus.json"
+stage sft-focus  train_or_resume "logs/gemma3-4b-sft-focus-$VARIANT" $W sft --config "$C/sft-focus-$VARIANT.json"
+stage data-fit   $W data --config "$C/data-fit.json"
+stage sft-fit    train_or_resume "logs/gemma3-4b-sft-fit-$VARIANT" $W sft --config "$C/sft-fit-$VARIANT.json"
 stage self-play  $W data self-play --config "$C/self-play-$VARIANT.json" --no-progress
-plan "$C/sft-choice-$VARIANT.json"
 stage sft-choice train_or_resume "logs/gemma3-4b-sft-choice-$VARIANT" $W sft --config "$C/sft-choice-$VARIANT.json"
+for n in 2 3 4; do   # three more passes, as the 270M recipe's: each from the one before with a new shuffle seed
+  if [ $n = 2 ]; then prev=gemma3-4b-sft-choice-$VARIANT; else prev=gemma3-4b-sft-choice$((n - 1))-$VARIANT; fi
+  if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
+  stage sft-choice$n train_or_resume "logs/gemma3-4b-sft-choice$n-$VARIANT" $W sft \
+    --config "$C/sft-choice-more-$VARIANT.json" --seed $((n - 1)) --run-name "gemma3-4b-sft-choice$n-$VARIANT" \
+    --start-adapter "logs/$prev/adapters" "${size[@]}"
+done
 stage self-play-2 $W data self-play --config "$C/self-play-2-$VARIANT.json" --no-progress
 stage cover      $W data cover --data "data/gemma3-4b/self-play-2-$VARIANT" --out "data/gemma3-4b/cover-$VARIANT" \
   --max-candidates 5 --copies 4 --no-progress
@@ -58,7 +73,15 @@ stage grpo       train_or_resume "logs/gemma3-4b-grpo-$VARIANT" $W train --confi
 evaluate sft       "logs/gemma3-4b-sft-$VARIANT/adapters"
 evaluate sftcover  "logs/gemma3-4b-sft-cover-$VARIANT/adapters"
 evaluate grpo      "logs/gemma3-4b-grpo-$VARIANT/adapters"
-stage fuse $W fuse --model "$MODEL" --adapter "logs/gemma3-4b-grpo-$VARIANT/adapters" --out "$R/fused" --overwrite
+# 4-bit: re-quantizing the fused weights rounds away an adapter change below the 4-bit step (fuse refuses such
+# a result), so the fused model is written dequantized, in bf16
+fuse_flags=()
+if [ "$VARIANT" = 4bit ]; then fuse_flags=(--dequantize); fi
+stage fuse $W fuse --model "$MODEL" --adapter "logs/gemma3-4b-grpo-$VARIANT/adapters" --out "$R/fused" --overwrite \
+  "${fuse_flags[@]}"
+# the fused model alone (no adapter), in the same decoding, on the same games
+stage eval-fused $W eval --config "$C/eval-$VARIANT.json" --model "$R/fused" --decode words --no-baselines \
+  --games "$GAMES" --max-tokens 16 --no-progress --out "$R/eval_fused_greedy.json"
 
 echo
 echo "recipe finished; this invocation took $(( $(date +%s) - start ))s (stage times in seconds: $R/*.done)"

@@ -43,12 +43,45 @@ class RecipeConfigsTest(unittest.TestCase):
             with self.subTest(variant=variant):
                 stages = dry_run("train_4b.sh", VARIANT=variant, W="true")   # `plan` lines call W outside stages
                 self.assertEqual([name for name, _ in stages],
-                                 ["setup", "data", "sft", "self-play", "sft-choice", "self-play-2", "cover",
-                                  "sft-cover", "grpo", "eval-sft", "eval-sftcover", "eval-grpo", "fuse"])
+                                 ["setup", "data", "sft", "data-focus", "sft-focus", "data-fit", "sft-fit",
+                                  "self-play", "sft-choice", "sft-choice2", "sft-choice3", "sft-choice4",
+                                  "self-play-2", "cover", "sft-cover", "grpo", "eval-sft", "eval-sftcover",
+                                  "eval-grpo", "fuse", "eval-fused"])
                 check_stage_chain(self, [(n, c.replace("true ", "wordle-mlx ")) for n, c in stages])
+                commands = dict(stages)
+                self.assertEqual("--dequantize" in commands["fuse"], variant == "4bit")   # the fuse that passes
+                fused = re.search(r"--out (\S+)", commands["fuse"])[1]
+                self.assertIn(f"--model {fused} ", commands["eval-fused"])        # the fused folder, no adapter
+                self.assertNotIn("--adapter", commands["eval-fused"])
+
+    def test_the_recipe_is_the_270m_recipe_at_4b_scale(self):
+        """Each 4B config is its 270M twin but for the model, its paths and run names, gradient checkpointing in
+        SFT and train_layers 12 of 34 blocks where the 270M trains 6 of 18 (docs/RESULTS.md, "The 4B recipe")."""
+        twins = {"sft": "sft", "sft-focus": "sft-focus", "sft-fit": "sft-fit", "sft-choice": "sft-choice",
+                 "sft-choice-more": "sft-choice-more", "sft-cover": "sft-cover", "self-play": "self-play",
+                 "self-play-2": "self-play-2", "grpo": "grpo-cover"}
+        paths = ("model", "data", "run_name", "start_adapter", "adapter", "out", "dtype", "grad_checkpoint")
+        for stem, twin in twins.items():
+            with self.subTest(config=stem):
+                small = json.loads((ROOT / "config" / "recipe-270m" / f"{twin}.json").read_text())
+                big = json.loads((RECIPE / f"{stem}-bf16.json").read_text())
+                if stem == "grpo":
+                    self.assertEqual(big["model"]["name"], "mlx-community/gemma-3-4b-it-bf16")
+                    small, big = (dict(d, model=None, run_name=None) for d in (small, big))
+                if "lora" in small and small["lora"].get("train_layers"):
+                    self.assertEqual((small["lora"]["train_layers"], big["lora"]["train_layers"]), (6, 12))
+                    big["lora"]["train_layers"] = 6
+                self.assertEqual({k: v for k, v in big.items() if k not in paths},
+                                 {k: v for k, v in small.items() if k not in paths})
+                if stem.startswith("sft"):
+                    self.assertTrue(big["grad_checkpoint"])
+        for name in ("data.json", "data-focus.json", "data-fit.json"):
+            small = json.loads((ROOT / "config" / "recipe-270m" / name).read_text())
+            big = json.loads((RECIPE / name).read_text())
+            self.assertEqual(dict(big, out=None), dict(small, out=None))
 
     def test_chain_per_variant(self):
-        """data -> sft -> self-play -> sft-choice -> self-play-2 -> cover (the script's line) -> sft-cover -> grpo."""
+        """data -> sft ... -> self-play-2 -> cover (the script's line) -> sft-cover -> grpo."""
         data = self.load("data.json", DataConfig)
         self.assertEqual((data.prompt.style, data.prompt.guess_format, data.prompt.require_think),
                          ("compact", "letters", False))
@@ -59,20 +92,20 @@ class RecipeConfigsTest(unittest.TestCase):
             with self.subTest(variant=v):
                 sft = self.load(f"sft-{v}.json", SFTConfig)
                 self.assertEqual(sft.model, f"mlx-community/gemma-3-4b-it-{v}")
-                self.assertTrue(sft.grad_checkpoint)
                 self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
+                fit = self.load(f"sft-fit-{v}.json", SFTConfig)
                 play = self.load(f"self-play-{v}.json", ChoiceConfig)
-                self.assertEqual(resolve_path(play, play.adapter).resolve(), adapters_of(sft))
+                self.assertEqual(resolve_path(play, play.adapter).resolve(), adapters_of(fit))
                 choice = self.load(f"sft-choice-{v}.json", SFTConfig)
                 self.assertEqual(resolve_path(choice, choice.data).resolve(), resolve_path(play, play.out).resolve())
-                self.assertEqual(resolve_path(choice, choice.start_adapter).resolve(), adapters_of(sft))
+                self.assertEqual(resolve_path(choice, choice.start_adapter).resolve(), adapters_of(fit))
                 play2 = self.load(f"self-play-2-{v}.json", ChoiceConfig)
-                self.assertEqual(resolve_path(play2, play2.adapter).resolve(), adapters_of(choice))
                 cover_in, cover_out = (ROOT / cover[i].replace("$VARIANT", v) for i in (1, 2))
                 self.assertEqual(cover_in.resolve(), resolve_path(play2, play2.out).resolve())
                 last = self.load(f"sft-cover-{v}.json", SFTConfig)
                 self.assertEqual(resolve_path(last, last.data).resolve(), cover_out.resolve())
-                self.assertEqual(resolve_path(last, last.start_adapter).resolve(), adapters_of(choice))
+                self.assertEqual(resolve_path(last, last.start_adapter).resolve(),
+                                 resolve_path(play2, play2.adapter).resolve())
                 grpo = self.load(f"grpo-{v}.json", GRPOConfig)
                 self.assertEqual(resolve_path(grpo, grpo.model.start_adapter).resolve(), adapters_of(last))
                 self.assertEqual((grpo.rl.mode, grpo.training.optimizer), ("turn", "sgd"))
@@ -80,7 +113,8 @@ class RecipeConfigsTest(unittest.TestCase):
                 self.assertEqual(self.load(f"eval-{v}.json", EvalConfig).rollout.prompt, data.prompt)
 
     def test_variants_differ_only_in_the_model(self):
-        for stem in ("sft", "self-play", "sft-choice", "self-play-2", "sft-cover", "grpo", "eval"):
+        for stem in ("sft", "sft-focus", "sft-fit", "self-play", "sft-choice", "sft-choice-more", "self-play-2",
+                     "sft-cover", "grpo", "eval"):
             with self.subTest(config=stem):
                 text = {v: (RECIPE / f"{stem}-{v}.json").read_text() for v in VARIANTS}
                 self.assertEqual(text["bf16"].replace("bf16", "4bit"), text["4bit"])
@@ -91,7 +125,7 @@ class RecipeConfigsTest(unittest.TestCase):
                 config = dict(CONFIG_4B, **({"quantization": {"group_size": 64, "bits": 4}} if v == "4bit" else {}))
                 model_json = Path(tmp) / f"{v}.json"
                 model_json.write_text(json.dumps(config))
-                for stem in ("sft", "sft-choice", "sft-cover", "grpo"):
+                for stem in ("sft", "sft-focus", "sft-fit", "sft-choice", "sft-choice-more", "sft-cover", "grpo"):
                     with self.subTest(config=f"{stem}-{v}"):
                         result = plan.run(plan.PlanConfig(config=str(RECIPE / f"{stem}-{v}.json"),
                                                           model_json=str(model_json), memory_gb=memory,

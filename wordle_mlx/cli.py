@@ -115,6 +115,7 @@ def plot(ctx: typer.Context,
 ModelOpt = Annotated[str, typer.Option("--model", help="Model spec: builtin:gemma-3-270m, builtin:tiny-random, HF id or folder.")]
 AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder to load (its recorded prompt and reply format apply) (default: none, the base model).")]
 DecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: the decoding the adapter records it was trained for, else grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
+TrainDecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: the config's rl.decode, grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply (default: what the reply format needs: 16 without a think block, 256 with one).")]
 
 
@@ -178,7 +179,7 @@ SFT_ADAPTER = Path("logs/sft/adapters")      # where `wordle-mlx sft` with no co
 def train(config: ConfigOpt = None,
           resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
           steps: Steps = None, run_name: RunName = None, start_adapter: StartAdapter = None,
-          model: TrainModel = None, decode: DecodeOpt = None, overwrite: Overwrite = False,
+          model: TrainModel = None, decode: TrainDecodeOpt = None, overwrite: Overwrite = False,
           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
     """GRPO: play games every step and update a LoRA adapter (metrics, checkpoints, adapters in logs/<run>).
 

@@ -90,7 +90,7 @@ class Hints:
         model, tokenizer = self._loaded
         greedy = self.cfg.rollout.model_copy(update={"temperature": 0.0})
         reply = sample_replies(model, tokenizer, [prompt_token_ids(tokenizer, greedy, state)], 1, greedy,
-                               words=self.allowed)[0][0]
+                               words=self.allowed, boards=[list(state.guesses)])[0][0]
         parsed = parse_reply(reply.text, greedy.prompt.require_think, self.allowed)
         return parsed.guess.upper() if parsed.error is None else f"(no valid guess: {error_message(parsed.error, parsed.guess)})"
 

@@ -179,7 +179,7 @@ def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
                             keys=tuple(cfg.lora.keys) if cfg.lora.keys else None,
                             grad_checkpoint=cfg.grad_checkpoint, grad_accumulation=cfg.grad_accumulation,
                             shared_prefix=shared, train_layers=cfg.lora.train_layers,
-                            grammar_loss=sft_decode(cfg) != "free")
+                            grammar_loss=sft_decode(cfg) != "free", train_tags=bool(getattr(cfg, "train_tags", False)))
     return numbers, why
 
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 from pydantic import Field, model_validator
-from typing import Any
 
 from ..config import (MODEL_SPEC_HELP, LoraConfig, StrictModel, config_hash, config_relative_path, display_path,
                       read_json_file, resolve_path)

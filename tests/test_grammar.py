@@ -12,6 +12,7 @@ import unittest
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 
@@ -22,7 +23,8 @@ from wordle_mlx.llm import lora
 from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
 from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_batch,
                                       pack_shared_batch, selected_logprobs)
-from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
+from wordle_mlx.game.rewards import RewardWeights, Rewards
+from wordle_mlx.llm.grpo_step import GroupSettings, Player, ScoredItem, UpdateSettings, policy_update, rollout_turn_mode
 from wordle_mlx.llm.models import load_model
 from wordle_mlx.llm.prompts import PromptConfig, parse_reply
 from wordle_mlx.llm.reply_grammar import LETTERS, LetterChoices, LetterGrammar, WordTrie, effective_mode
@@ -267,6 +269,42 @@ class MacDtypesTest(unittest.TestCase):
             self.assertTrue(result.applied, kind)
             self.assertEqual(result.ratio_gap, 0.0, kind)
             self.assertEqual(result.trained_tokens, 40, kind)
+
+
+class WordsModeGRPOTest(unittest.TestCase):
+    def test_turn_mode_rollout_and_update_score_the_same_masked_policy(self):
+        """A GRPO turn-mode rollout in words decoding on seeded boards (G samples and the greedy reply, hot
+        sampling): every reply is off its board, each sequence carries that board, the trainer's log-probs of the
+        sampled letters equal the sampler's (float32 rounding of the logits' size), and the update's ratio is 1."""
+        model, tok = lora_policy("builtin:tiny-random", seed=4)
+        g = grammar_of(tok)
+        cfg = RolloutConfig(decode="words", temperature=1.5, seed=2)
+        specs = [GameSpec("crane", ["slate"]), GameSpec("pious", ["brine", "stomp"]), GameSpec("light")]
+        out = rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok, mode="words", words=WORDS)), specs, cfg,
+                                ALLOWED, Rewards(RewardWeights(early=1.2), answers()), GroupSettings(4, "greedy", True))
+        letters = LetterChoices(g, TRIE)
+        seqs = [it.sequences[0] for it in out.items]
+        self.assertTrue(seqs)
+        scale = 0.0
+        for q in seqs:
+            board = set(q.excluded)
+            word = "".join(LETTERS[g.index_of[t]] for t, m in zip(q.tokens, q.mask) if m)
+            self.assertIn(word, ALLOWED)
+            self.assertNotIn(word, board)
+            logits = model(mx.array(q.tokens)[None])[0].astype(mx.float32) / 1.5
+            scale = max(scale, float(mx.abs(logits).max()))
+        tol = rounding_tolerance(1e-5, scale)
+        for ep in out.episodes:
+            self.assertFalse(any(t.repeated for t in ep.turns))
+        batch = pack_batch(seqs, [1.0] * len(seqs), averaging_weights([sum(q.mask) for q in seqs], "token"))
+        arrays = batch_arrays(batch, rollout_logprobs=True, letters=letters)
+        new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.5, None,
+                                arrays["choices"])
+        np.testing.assert_allclose(np.array(new), batch.old_logprobs, atol=tol, rtol=0)
+        optimizer = optim.SGD(learning_rate=0.01)
+        result = policy_update(model, optimizer, out.items, UpdateSettings(LossSettings(temperature=1.5,
+                                                                                         letters=letters)))
+        self.assertEqual(result.ratio_gap, 0.0)
 
 
 class WordsModeFuzzTest(unittest.TestCase):

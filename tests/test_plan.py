@@ -230,6 +230,26 @@ class PlanStageTest(unittest.TestCase):
                 self.assertGreater(r["peak_gb"], 2.0 if "4bit" in path.name else 7.0)   # the weights alone
         self.assertEqual(kinds, {"sft", "grpo", "eval", "self-play"})
 
+    def test_measure_runs_two_steps_and_projects_the_stage(self):
+        import contextlib
+        import io
+
+        from wordle_mlx.stages import data, plan_measure
+
+        data.run(data.DataConfig(out=str(self.tmp / "data"), train_examples=8, valid_examples=2, think_style="none",
+                                 progress=False))
+        path = write_json(self.tmp, "sft.json", {"model": "builtin:tiny-random", "data": "data", "steps": 40,
+                                                 "batch_size": 2, "valid_every": 10, "progress": False})
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            r = plan_measure.run(plan.PlanConfig(config=str(path), measure=True))
+        m = r["measured"]
+        self.assertEqual((m["unit"], m["units"]), ("step", 40))
+        self.assertGreater(m["peak_gb"], 0.0)
+        self.assertAlmostEqual(m["projected_seconds"], 40 * m["seconds_per_unit"], delta=1e-9 * 40)
+        self.assertIn("measured on this machine", out.getvalue())
+        self.assertEqual(sorted(p.name for p in self.tmp.iterdir()), ["config.json", "data", "sft.json"])
+
     def test_sgd_state_is_what_mlx_allocates(self):
         import mlx.core as mx
         from mlx.utils import tree_flatten

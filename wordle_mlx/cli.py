@@ -313,24 +313,25 @@ def plan(config: Annotated[Path, typer.Option("--config", "-c", help="An SFT, GR
          measure: Annotated[bool, typer.Option("--measure", help="Also run two real steps of the stage here: MLX's measured peak and the whole stage's projected time.")] = False,
          json_output: JsonFlag = False) -> None:
     """Expected peak memory of an SFT, GRPO, eval or self-play config, itemised, the Macs it fits and the largest batch that fits."""
-    from .stages import plan as stage
-    cfg = load_config(None, stage.PlanConfig, {"config": str(config), "model_json": str(model_config) if model_config else None,
-                                               "memory_gb": memory_gb, "prompt_tokens": prompt_tokens,
-                                               "measure": measure, "json_output": json_output})
-    emit(stage.run(cfg), json_output)
+    from .stages import plan, plan_measure
+    cfg = load_config(None, plan.PlanConfig, {"config": str(config), "model_json": str(model_config) if model_config else None,
+                                              "memory_gb": memory_gb, "prompt_tokens": prompt_tokens,
+                                              "measure": measure, "json_output": json_output})
+    emit((plan_measure if cfg.measure else plan).run(cfg), json_output)
 
 
 @app.command()
 def export(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter folder (adapters.safetensors + adapter_config.json).")],
-           out: Annotated[Path, typer.Option("--out", help="GGUF file to write; an Ollama NAME.Modelfile is written beside it.")],
+           out: Annotated[Path, typer.Option("--out", help="GGUF file to write; beside it NAME.gbnf (the reply grammar for llama.cpp), NAME.llamacpp.md (usage) and NAME.Modelfile (Ollama).")],
            model: Annotated[Optional[str], typer.Option("--model", help="Base model spec (default: the adapter's base_model).")] = None,
            gguf_type: Annotated[str, typer.Option("--type", help="Matrix storage: f32, f16 or q8_0 (norms stay f32).")] = "f32",
-           overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
+           overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files (and remove an earlier export's grammar or Modelfile this one does not write).")] = False,
+           ollama: Annotated[Optional[bool], typer.Option("--ollama/--no-ollama", help="Require / leave out the Ollama Modelfile (default: written when the adapter can play free decoding, which Ollama plays; --ollama refuses an adapter whose reply tags were never trained).", show_default=False)] = None,
            json_output: JsonFlag = False) -> None:
-    """Write the player (base model + fused LoRA, text weights) as a GGUF for llama.cpp / Ollama."""
+    """Write the player (base model + fused LoRA, text weights) as a GGUF for llama.cpp / Ollama, with its reply grammar."""
     from .stages import export as stage
     cfg = load_config(None, stage.ExportConfig, {"adapter": str(adapter), "out": str(out), "model": model,
-                                                  "gguf_type": gguf_type, "overwrite": overwrite,
+                                                  "gguf_type": gguf_type, "overwrite": overwrite, "ollama": ollama,
                                                   "json_output": json_output})
     emit(stage.run(cfg), json_output)
 

@@ -8,7 +8,7 @@ of `memory_plan.py` (one small function per stage reads the stage's fields, so a
 one place), in the decoding mode the config uses (grammar and words decoding keep 26-entry logit rows, free
 decoding vocabulary-wide ones), and prints the itemised peak with its arithmetic, the Mac memory sizes whose
 ~75% working set holds it, and the largest batch that fits `--memory-gb` (default: this machine's working
-set). `--measure` also runs two real steps of the stage (`plan_measure.py`). `warn_if_over_working_set` is
+set). With `--measure`, `plan_measure.run` adds two real steps of the stage. `warn_if_over_working_set` is
 what `sft` and `train` call before step 1: one line on stderr when the plan exceeds this machine's working set.
 """
 
@@ -37,7 +37,7 @@ class PlanConfig(StrictModel):
     model_json: str | None = None
     memory_gb: float | None = None
     prompt_tokens: int | None = None
-    measure: bool = False
+    measure: bool = False          # plan_measure.run: also two real steps of the stage
     json_output: bool = False
 
 
@@ -306,8 +306,6 @@ def build_plan(kind: str, cfg, model_config: str | None = None, prompt_tokens: i
 
 
 def run(cfg: PlanConfig) -> dict:
-    from .plan_measure import measure_stage
-
     kind, stage_cfg = stage_config(cfg.config)
     dims, numbers, why, batch_field = build_plan(kind, stage_cfg, cfg.model_json, cfg.prompt_tokens)
     plan = plan_for(kind, dims, numbers)
@@ -322,24 +320,7 @@ def run(cfg: PlanConfig) -> dict:
               "batch_field": batch_field, "largest_batch": largest}
     if not cfg.json_output:
         print_plan(result)
-    if cfg.measure:
-        result["measured"] = measure_stage(kind, stage_cfg, cfg.config)
-        if not cfg.json_output:
-            print_measured(result)
     return result
-
-
-def print_measured(r: dict) -> None:
-    m = r["measured"]
-    error = (m["peak_gb"] - r["peak_gb"]) / m["peak_gb"] if m["peak_gb"] else 0.0
-    print(f"measured on this machine ({m['what']}): peak {m['peak_gb']:.2f} GB (plan {r['peak_gb']:.2f} GB, "
-          f"{error:+.0%}), {m['seconds_per_unit']:.1f} s per {m['unit']}; the whole stage ({m['units']} "
-          f"{m['unit']}s): about {format_duration(m['projected_seconds'])}")
-
-
-def format_duration(seconds: float) -> str:
-    hours, rest = divmod(int(round(seconds)), 3600)
-    return f"{hours} h {rest // 60} min" if hours else f"{rest // 60} min {rest % 60} s"
 
 
 def print_plan(r: dict) -> None:

@@ -1,15 +1,14 @@
 """`wordle-mlx plan --measure`: two real steps of a stage on this machine, beside the plan.
 
-`measure_stage(kind, cfg, path)` runs the stage the config describes, shrunk to two steps, in a temporary
-folder (nothing of the user's is written): SFT and GRPO for 2 steps (no validation, no game eval, one
-checkpoint at the end), eval on at most two decoding batches of games, self-play on 2 train and 1 valid
-secret. It frees MLX's cache and resets its peak counter first, so the peak it reports is MLX's own
-(`mx.get_peak_memory()`) over loading and those steps, and it times the second step (the first one compiles
-and warms caches) to project the whole stage: steps x seconds a step for training (validation and
-checkpoints not counted), games x seconds a game for eval and self-play. `benchmarks/gemma3_4b_size.py`
-uses the same runs at the 4B's real size.
+`run(cfg)` prints the plan (`plan.run`), then `measure_stage(kind, cfg, path)` runs the stage the config
+describes, shrunk to two steps, in a temporary folder (nothing of the user's is written): SFT and GRPO for 2
+steps (no validation, no game eval, one checkpoint at the end), eval on at most two decoding batches of games,
+self-play on 2 train and 1 valid secret. It frees MLX's cache and resets its peak counter first, so the peak
+it reports is MLX's own (`mx.get_peak_memory()`) over loading and those steps, and it times the second step
+(the first one compiles and warms caches) to project the whole stage: steps x seconds a step for training
+(validation and checkpoints not counted), games x seconds a game for eval and self-play.
+`benchmarks/gemma3_4b_size.py` uses the same runs at the 4B's real size.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -25,6 +24,7 @@ import mlx.core as mx
 
 from ..config import resolve_path
 from .. import memory_plan as mp
+from . import plan
 
 
 def sft_run(cfg, root: Path) -> tuple[float, int, str]:
@@ -107,3 +107,26 @@ def measure_stage(kind: str, cfg, path: str, keep: str | None = None) -> dict:
     mx.clear_cache()
     return {"what": WHAT[kind], "config": path, "peak_gb": round(mp.gb(peak), 3), "seconds_per_unit": seconds,
             "unit": unit, "units": units, "projected_seconds": seconds * units}
+
+
+def run(cfg: plan.PlanConfig) -> dict:
+    """`wordle-mlx plan --measure`: the plan, then the measured peak and the projected time beside it."""
+    result = plan.run(cfg)
+    kind, stage_cfg = plan.stage_config(cfg.config)
+    result["measured"] = measure_stage(kind, stage_cfg, cfg.config)
+    if not cfg.json_output:
+        print_measured(result)
+    return result
+
+
+def print_measured(r: dict) -> None:
+    m = r["measured"]
+    error = (m["peak_gb"] - r["peak_gb"]) / m["peak_gb"] if m["peak_gb"] else 0.0
+    print(f"measured on this machine ({m['what']}): peak {m['peak_gb']:.2f} GB (plan {r['peak_gb']:.2f} GB, "
+          f"{error:+.0%}), {m['seconds_per_unit']:.1f} s per {m['unit']}; the whole stage ({m['units']} "
+          f"{m['unit']}s): about {format_duration(m['projected_seconds'])}")
+
+
+def format_duration(seconds: float) -> str:
+    hours, rest = divmod(int(round(seconds)), 3600)
+    return f"{hours} h {rest // 60} min" if hours else f"{rest // 60} min {rest % 60} s"

@@ -133,8 +133,10 @@ class DistributedTest(unittest.TestCase):
         for r in train:
             self.assertEqual(len(r["games"]), 2 * 3)                  # B x G games over both ranks
             self.assertEqual(len({g["secret"] for g in r["games"]}), 2)   # rank 0 and rank 1 played different prompts
-        valid, = records(run_dir, "valid")
-        self.assertEqual([g["secret"] for g in valid["games"]], split_words("valid")[:3])
+        start, valid = records(run_dir, "valid")                       # the start adapter (step 0), then step 3
+        self.assertEqual((start["step"], valid["step"]), (0, 3))
+        for rec in (start, valid):
+            self.assertEqual([g["secret"] for g in rec["games"]], split_words("valid")[:3])
         state = json.loads((run_dir / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
         self.assertEqual(state["world_size"], 2)
         # resuming with one process is refused with a clear message

@@ -110,6 +110,8 @@ def guard_verdict(new_path: Path, shipped_path: Path, out: Path) -> str | None:
     """None when the new adapter may replace the one in `out`, else why not (one line)."""
     if not (out / "adapters.safetensors").is_file():
         return None                                   # nothing shipped yet: nothing to guard
+    if not new_path.is_file():
+        return f"no eval of the new adapter to compare ({new_path} is missing)"
     if not shipped_path.is_file():
         return f"no eval of the shipped adapter to compare with ({shipped_path} is missing)"
     new, old = json.loads(new_path.read_text()), json.loads(shipped_path.read_text())

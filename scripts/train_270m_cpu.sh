@@ -123,6 +123,8 @@ done
 # The ship guard: the adapter in $SHIP plays the same greedy test games in the recipe's decoding, and the new one
 # ships only if it wins at least as many (else the ship stage says why and leaves $SHIP as it was).
 guard=()
+# the guard needs the new adapter's greedy eval, whatever EVALS says
+case " $EVALS " in *" greedy "*) ;; *) evaluate grpocover logs/grpo-cover-270m/adapters greedy ;; esac
 if [ -f "$SHIP/adapters.safetensors" ]; then
   stage eval-shipped-$DECODE $W eval --adapter "$SHIP" --no-baselines --games "$GAMES" --max-tokens 16 --no-progress \
     --decode $DECODE --out "$R/eval_shipped_greedy_$DECODE.json"

@@ -152,6 +152,9 @@ class ShipAdapterTest(unittest.TestCase):
             self.assertEqual((self.out / "old.txt").read_text(), "the shipped package")
         proc = self.ship("--guard", str(new), str(self.root / "missing.json"))
         self.assertIn("no eval of the shipped adapter", proc.stderr)
+        proc = self.ship("--guard", str(self.root / "missing.json"), str(shipped))
+        self.assertIn("no eval of the new adapter", proc.stderr)
+        self.assertEqual((self.out / "old.txt").read_text(), "the shipped package")
 
     def test_the_guard_ships_when_nothing_was_shipped_yet(self):
         new, _ = self.guard_evals(0, 0)

@@ -135,15 +135,6 @@ class LetterGrammar:
         return cls(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer)))
 
 
-def prefix_trie(words: Collection[str]) -> dict[str, frozenset[str]]:
-    """{prefix: the letters that can follow it in some word} for every proper prefix of 5-letter `words`."""
-    nexts: dict[str, set[str]] = {}
-    for w in words:
-        for i in range(5):
-            nexts.setdefault(w[:i], set()).add(w[i])
-    return {k: frozenset(v) for k, v in nexts.items()}
-
-
 class WordTrie:
     """Words decoding's letter masks: the 5-letter `words` as counts of the words under each prefix, so that
     `allowed(prefix, excluded)` gives the letters that continue `prefix` into some word that is not in

@@ -273,6 +273,15 @@ class SFTTest(unittest.TestCase):
         with self.assertRaisesRegex(UserError, rf"record {seeded + 1}: decode 'words': the reply '\w+' is already on"):
             sft.run(self.config("words2", data=str(folder), steps=1, decode="words"))
 
+    def test_the_record_keeps_tags_trained_by_the_start_adapter(self):
+        words = validate_config({"decode": "words"}, sft.SFTConfig, "x.json")
+        self.assertEqual(sft.trained_decoding(words, None), {"decode": "words", "trained_tags": False})
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "adapter_config.json").write_text(json.dumps({"decode": "free", "trained_tags": True}))
+            self.assertEqual(sft.trained_decoding(words, Path(tmp)), {"decode": "words", "trained_tags": True})
+        tags = validate_config({"decode": "grammar", "train_tags": True}, sft.SFTConfig, "x.json")
+        self.assertEqual(sft.trained_decoding(tags, None), {"decode": "grammar", "trained_tags": True})
+
     def test_grammar_loss_is_the_old_name_of_decode_grammar(self):
         self.assertEqual(validate_config({"grammar_loss": True}, sft.SFTConfig, "x.json").decode, "grammar")
         self.assertEqual(validate_config({"grammar_loss": False}, sft.SFTConfig, "x.json").decode, "free")

@@ -11,7 +11,7 @@ setup: $(STAMP) blas
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	CMAKE_ARGS="$${CMAKE_ARGS:--DLLAMA_CURL=OFF}" $(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -33,7 +33,7 @@ train-270m: setup
 train-4b: setup
 	bash scripts/train_4b.sh
 
-# On demand: llama.cpp (llama-cpp-python from PyPI, built in .venv-llamacpp) vs wordle-mlx on 100 test boards.
+# On demand: llama.cpp (llama-cpp-python, from .venv or built in .venv-llamacpp) vs wordle-mlx: 100 test boards, 100 games.
 llamacpp-check: setup
 	$(PY) scripts/llamacpp_check.py
 

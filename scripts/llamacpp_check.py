@@ -1,25 +1,33 @@
 """`make llamacpp-check`: does llama.cpp play the exported GGUF exactly as wordle-mlx plays the adapter?
 
-Installs `llama-cpp-python` from PyPI into its own venv (`.venv-llamacpp`; it compiles llama.cpp from
-source, one compile job at a time, `-DGGML_NATIVE=ON`), exports the shipped adapter
-(`adapters/gemma-3-270m-wordle` on `builtin:gemma-3-270m`) to an f32 GGUF with `wordle-mlx export`, and
-takes 100 boards of the held-out test split: for the i-th test word, the board after 1 + i % 3 of the
+Uses the pinned `llama-cpp-python` of this venv (requirements.txt installs it), else installs it from PyPI into
+its own venv (`.venv-llamacpp`; it compiles llama.cpp from source, one compile job at a time,
+`-DGGML_NATIVE=ON`), exports the shipped adapter
+(`adapters/gemma-3-270m-wordle` on `builtin:gemma-3-270m`) with `wordle-mlx export` (f16 by default, `--type`),
+which also writes the GBNF grammar of the adapter's decoding mode beside the GGUF, and runs two comparisons.
+
+Single replies: 100 boards of the held-out test split, for the i-th test word the board after 1 + i % 3 of the
 entropy solver's guesses (fewer when the solver wins sooner). For each board the adapter's recorded
 prompt is rendered with the chat template to text; wordle-mlx (mlx-lm with the LoRA adapter, not the
-GGUF) replies greedily, and llama.cpp, run in a subprocess with the other venv's Python, tokenizes the
-same text itself, replies greedily (argmax of its logits) and is teacher-forced on wordle-mlx's reply to
-give its top-1 token at every reply position (the end-of-turn token included). It prints: boards with
-the same greedy reply, top-1 agreement over reply positions, prompts tokenized the same, the largest
-logit difference on wordle-mlx's top-5 tokens, and the first differing position of each board that
-differs; exit 0 when >= 98/100 replies match and top-1 agreement >= 0.99. Results go to
+GGUF) replies greedily in free decoding, and llama.cpp, run in a subprocess with the other venv's Python,
+tokenizes the same text itself, replies greedily (argmax of its logits) and is teacher-forced on wordle-mlx's
+reply to give its top-1 token at every reply position (the end-of-turn token included). It prints: boards
+with the same greedy reply, top-1 agreement over reply positions, prompts tokenized the same, the largest
+logit difference on wordle-mlx's top-5 tokens, and the first differing position of each board that differs.
+
+Whole games (`llamacpp_games.py`): the first 100 test words played greedily from an empty board by both, in
+the adapter's decoding mode, llama.cpp with the exported grammar; it prints the wins on each side, the first
+differing turn of each differing game, and ends with `games_identical N/100`. Exit 0 when >= 98/100 replies
+match, top-1 agreement >= 0.99 and >= 98/100 games are identical. Results go to
 `logs/llamacpp-check/result.json`.
 
-    python scripts/llamacpp_check.py [--boards 100] [--reuse-gguf]
+    python scripts/llamacpp_check.py [--boards 100] [--games 100] [--type f16] [--reuse-gguf]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -27,12 +35,15 @@ import sys
 import time
 from pathlib import Path
 
+import llamacpp_games
+
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 ADAPTER = ROOT / "adapters" / "gemma-3-270m-wordle"
 MAX_REPLY_TOKENS = 32
 TOP_K = 5
-NEED_SAME_REPLIES, NEED_TOP1 = 0.98, 0.99
+NEED_SAME_REPLIES, NEED_TOP1, NEED_SAME_GAMES = 0.98, 0.99, 0.98
+GAME_CTX = 1024
 
 
 # ---------------------------------------------------------------- llama.cpp side (runs in .venv-llamacpp)
@@ -53,7 +64,7 @@ def worker(job_path: str, result_path: str) -> None:
     llm = Llama(model_path=job["gguf"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], n_threads=job["threads"],
                 logits_all=False, verbose=False)
     n_vocab, stop = llm.n_vocab(), set(job["stop_ids"])
-    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
     eog = [t for t in sorted(stop) if llama_cpp.llama_vocab_is_eog(vocab, t)]    # llama.cpp's own end-of-generation set
 
     def last_logits():
@@ -95,7 +106,14 @@ def worker(job_path: str, result_path: str) -> None:
 # ---------------------------------------------------------------- wordle-mlx side
 
 def ensure_llamacpp(venv: Path) -> Path:
-    """The venv's Python with llama_cpp importable; installs it from PyPI (a source build) the first time."""
+    """A Python with the pinned llama_cpp: this one when requirements.txt installed it, else the venv's, installed
+    from PyPI (a source build) the first time."""
+    pinned = LLAMA_CPP_PYTHON.split("==")[1]
+    try:
+        if importlib.metadata.version("llama-cpp-python") == pinned:
+            return Path(sys.executable)
+    except importlib.metadata.PackageNotFoundError:
+        pass
     python = venv / "bin" / "python"
     if python.exists() and subprocess.run([str(python), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
         return python
@@ -170,6 +188,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--boards", type=int, default=100)
+    parser.add_argument("--games", type=int, default=100, help="Whole games to compare (0: none).")
+    parser.add_argument("--type", default="f16", choices=("f32", "f16", "q8_0"), help="The GGUF's matrix storage.")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-llamacpp")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "logs" / "llamacpp-check")
     parser.add_argument("--reuse-gguf", action="store_true", help="Keep an existing exported GGUF.")
@@ -194,10 +214,11 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    gguf = args.out_dir / "wordle-270m-f32.gguf"
+    gguf = args.out_dir / f"wordle-270m-{args.type}.gguf"
     if not (args.reuse_gguf and gguf.is_file()):
-        export.run(export.ExportConfig(adapter=str(ADAPTER), out=str(gguf), gguf_type="f32", overwrite=True,
+        export.run(export.ExportConfig(adapter=str(ADAPTER), out=str(gguf), gguf_type=args.type, overwrite=True,
                                        json_output=True))
+    grammar = gguf.with_suffix(".gbnf")
     print(f"exported {gguf} ({gguf.stat().st_size / 1e6:.0f} MB)", flush=True)
     model, tokenizer = load_model("builtin:gemma-3-270m", adapter_path=ADAPTER)
     job_file, result_file = args.out_dir / "job.json", args.out_dir / "llamacpp.json"
@@ -236,14 +257,27 @@ def main(argv: list[str] | None = None) -> int:
                           if j is not None and j < len(ours["our_topk"]) else None})
     n = len(job)
     top1 = agree / positions
-    passed = same_replies >= NEED_SAME_REPLIES * n and top1 >= NEED_TOP1
+    games = None
+    if args.games:
+        print(f"{args.games} whole games on each side, greedy, llama.cpp with {grammar.name if grammar.is_file() else 'no grammar'}",
+              flush=True)
+        game_job = args.out_dir / "games-job.json"
+        game_job.write_text(json.dumps({"gguf": str(gguf), "grammar": str(grammar) if grammar.is_file() else None,
+                                        "n_ctx": GAME_CTX, "threads": args.threads, "max_tokens": MAX_REPLY_TOKENS}))
+        backend = llamacpp_games.LlamaCppBackend(python, game_job, tokenizer, env)
+        try:
+            games = llamacpp_games.play_both(model, tokenizer, ADAPTER, args.games, backend)
+        finally:
+            backend.close()
+    passed = (same_replies >= NEED_SAME_REPLIES * n and top1 >= NEED_TOP1
+              and (games is None or games["games_identical"] >= NEED_SAME_GAMES * games["games"]))
     summary = {"boards": n, "same_greedy_reply": same_replies, "top1_agreement": round(top1, 5),
                "reply_positions": positions, "prompts_tokenized_the_same": same_prompts,
                "max_top5_logit_diff": round(worst_diff, 5), "max_abs_logit": round(scale, 3),
                "min_top2_gap_ours": round(min(k["logits"][0] - k["logits"][1] for b in job for k in b["our_topk"]), 5),
                "llama_cpp_eog_stop_ids": theirs["eog_stop_ids"], "differing": differing,
                "well_formed_replies_ours": sum(parse_reply(tokenizer.decode(b["our_reply"]), False).error is None for b in job),
-               "passed": passed, "llama_cpp_python": LLAMA_CPP_PYTHON, "gguf": str(gguf),
+               "games": games, "passed": passed, "llama_cpp_python": LLAMA_CPP_PYTHON, "gguf": str(gguf),
                "seconds": round(time.perf_counter() - start, 1)}
     (args.out_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"same greedy reply on {same_replies}/{n} boards")
@@ -254,7 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     for d in differing:
         print(f"  board {d['board']} ({d['secret']}): first difference at reply position {d['position']}: "
               f"wordle-mlx {d['ours']!r} vs llama.cpp {d['llama_cpp']!r} (wordle-mlx top-2 gap {d['our_top2_gap']})")
-    print(("PASS" if passed else "FAIL") + f": need >= {NEED_SAME_REPLIES * n:.0f}/{n} same replies and top-1 >= {NEED_TOP1}")
+    if games is not None:
+        llamacpp_games.show(games)
+    print(("PASS" if passed else "FAIL") + f": need >= {NEED_SAME_REPLIES * n:.0f}/{n} same replies, top-1 >= {NEED_TOP1}"
+          + (f" and >= {NEED_SAME_GAMES * games['games']:.0f}/{games['games']} identical games" if games else ""))
+    if games is not None:
+        print(f"games_identical {games['games_identical']}/{games['games']}")
     return 0 if passed else 1
 
 

@@ -1,4 +1,4 @@
-"""`wordle-mlx export`: a trained player as one GGUF file for llama.cpp, plus an Ollama Modelfile.
+"""`wordle-mlx export`: a trained player as one GGUF file for llama.cpp, its reply grammar, and an Ollama Modelfile.
 
 Loads the base model with the LoRA adapter (mlx-lm's loader), and writes every text weight of the
 Gemma 3 model with the LoRA fused in float32 (W + scale * B^T A^T, as mlx-lm's `fuse` computes it, but
@@ -9,15 +9,17 @@ for `builtin:gemma-3-270m`, from the source `.gguf` for GGUF models, from `token
 (SentencePiece) of a model folder when it has one, else from its `tokenizer.json`. The GGUF also
 records the adapter's prompt format (`wordle_mlx.prompt`, `wordle_mlx.system_prompt`) and, when the adapter records
 them, the decoding it was trained for and whether its reply tags were trained (`wordle_mlx.decode`,
-`wordle_mlx.trained_tags`); llama.cpp and Ollama decode free, so an adapter whose tags were never trained gets a
-one-line warning. The Modelfile
-beside it (`NAME.Modelfile`) has Gemma's chat template as an Ollama template, the system line the
-adapter was trained with, `<end_of_turn>` as stop token and temperature 0 (greedy play). Both files are
-written to temporary files and renamed, so a failure leaves nothing behind.
+`wordle_mlx.trained_tags`). Beside it go a GBNF grammar for the decoding the adapter records (`grammar` when it
+records none): `NAME.gbnf` (`llm.gbnf`), usage notes for llama.cpp and llama-cpp-python (`NAME.llamacpp.md`) and,
+for a player that can play free, the Ollama Modelfile (`NAME.Modelfile`; `export_files`). Ollama takes no grammar:
+an adapter that records that its reply tags were never trained gets no Modelfile (with a one-line warning), and
+`--ollama` with such an adapter is refused before anything is written. Every file is written to a temporary
+file and renamed only once all are written, so a failure leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import sys
@@ -29,29 +31,11 @@ from typing import Literal, Optional
 from ..config import StrictModel, display_path, read_json_file, resolve_path
 from ..errors import UserError
 from ..progress import console
+from .export_files import STOP_PIECE, USAGE_SUFFIX, modelfile_text, usage_text
 
 DEFAULT_MODEL = "builtin:gemma-3-270m"
 NON_TEXT_PREFIXES = ("vision_tower.", "multi_modal_projector.")
-STOP_PIECE = "<end_of_turn>"
 META_PROMPT, META_SYSTEM = "wordle_mlx.prompt", "wordle_mlx.system_prompt"
-
-# Gemma 3's chat template (tokenizer_build.GEMMA3_CHAT_TEMPLATE) in Ollama's Go template language: the
-# system line opens the first user turn, followed by a blank line. Ollama adds <bos> itself.
-OLLAMA_TEMPLATE = """{{- $system := "" }}
-{{- range $i, $m := .Messages }}
-{{- $last := eq (len (slice $.Messages $i)) 1 }}
-{{- if eq $m.Role "system" }}{{ $system = $m.Content }}
-{{- else if eq $m.Role "user" }}<start_of_turn>user
-{{ if $system }}{{ $system }}
-
-{{ $system = "" }}{{ end }}{{ $m.Content }}<end_of_turn>
-{{ if $last }}<start_of_turn>model
-{{ end }}
-{{- else if eq $m.Role "assistant" }}<start_of_turn>model
-{{ $m.Content }}{{ if not $last }}<end_of_turn>
-{{ end }}
-{{- end }}
-{{- end }}"""
 
 
 class ExportConfig(StrictModel):
@@ -60,6 +44,7 @@ class ExportConfig(StrictModel):
     model: Optional[str] = None          # default: the adapter's base_model, else builtin:gemma-3-270m
     gguf_type: Literal["f32", "f16", "q8_0"] = "f32"
     overwrite: bool = False
+    ollama: Optional[bool] = None        # None: a Modelfile when the adapter can play free; True: required
     json_output: bool = False
 
 
@@ -182,37 +167,54 @@ def non_text_tensors(folder: Path | None) -> int:
                or n.removeprefix("model.").startswith(NON_TEXT_PREFIXES))
 
 
-def modelfile_text(gguf_name: str, system: str, example: str, source: str) -> str:
-    return (f"# Ollama Modelfile for {gguf_name}, written by `wordle-mlx export` ({source}).\n"
-            f"#   ollama create wordle -f {Path(gguf_name).stem}.Modelfile && ollama run wordle\n"
-            f"# Each message is the board as the player was trained to read it, e.g. {example!r}.\n"
-            f"FROM ./{gguf_name}\n"
-            f'TEMPLATE """{OLLAMA_TEMPLATE}"""\n'
-            f'SYSTEM """{system}"""\n'
-            f'PARAMETER stop "{STOP_PIECE}"\n'
-            "PARAMETER temperature 0\n")
+def outputs(out: Path, mode: str, modelfile: bool) -> dict[str, Path | None]:
+    """The files one export writes: the GGUF, its grammar (none in free decoding), usage notes, Modelfile."""
+    return {"gguf": out, "grammar": out.with_suffix(".gbnf") if mode != "free" else None,
+            "usage": out.with_name(out.stem + USAGE_SUFFIX), "modelfile": out.with_suffix(".Modelfile") if modelfile else None}
+
+
+def ollama_choice(cfg: ExportConfig, adapter: Path, recorded: str | None, trained_tags: bool | None) -> tuple[bool, str | None]:
+    """(write the Modelfile?, why not): Ollama decodes free, which an adapter whose tags were never trained cannot play."""
+    if cfg.ollama is False:
+        return False, "not asked for (--no-ollama)"
+    if trained_tags is not False:
+        return True, None
+    why = (f"adapter {display_path(adapter)} records trained_tags false (trained for {recorded} decoding, never on the "
+           "reply's tags), and Ollama takes no grammar: in free decoding it loses its games on format errors")
+    if cfg.ollama:
+        raise UserError(f"--ollama: {why}; export without --ollama for the GGUF and its llama.cpp grammar")
+    return False, why
 
 
 def run(cfg: ExportConfig) -> dict:
-    from ..fileio import atomic_path, write_text_atomic
+    from ..fileio import atomic_path
+    from ..game.words import guess_list
+    from ..llm.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
     from ..llm.gguf_export import text_args, write_gguf
     from ..llm.models import load_model, resolve_model
-    from ..llm.prompts import PromptConfig, adapter_prompt, describe_state, system_prompt
-    from ..llm.reply_grammar import adapter_decoding, untrained_tags_warning
+    from ..llm.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
+    from ..llm.reply_grammar import adapter_decoding, effective_mode
     from ..llm.tokenizer_build import GEMMA3_CHAT_TEMPLATE
 
     start = time.perf_counter()
     out, adapter = resolve_path(cfg, cfg.out), resolve_path(cfg, cfg.adapter)
     if out.suffix.lower() != ".gguf":
         raise UserError(f"out: {cfg.out!r} must end in .gguf")
-    modelfile = out.with_suffix(".Modelfile")
-    if not cfg.overwrite and (out.exists() or modelfile.exists()):
-        raise UserError(f"out: {display_path(out if out.exists() else modelfile)} already exists; pass --overwrite "
-                        "to replace it")
     adapter_cfg = read_adapter(adapter)
-    spec = cfg.model or adapter_cfg.get("base_model") or DEFAULT_MODEL
     recorded = adapter_prompt(adapter)
     prompt = recorded or PromptConfig()
+    decode, trained_tags = adapter_decoding(adapter)
+    mode = effective_mode(decode or "grammar", prompt, explicit=False)     # free for a format with free text
+    write_modelfile, no_modelfile = ollama_choice(cfg, adapter, decode, trained_tags)
+    files = outputs(out, mode, write_modelfile)
+    every = outputs(out, "grammar", True)
+    existing = [p for p in every.values() if p.exists()]
+    if not cfg.overwrite and existing:
+        raise UserError(f"out: {display_path(existing[0])} already exists; pass --overwrite to replace it")
+    if no_modelfile and cfg.ollama is None:
+        print(f"warning: {no_modelfile}; writing the GGUF and its llama.cpp grammar, no Ollama Modelfile",
+              file=sys.stderr)
+    spec = cfg.model or adapter_cfg.get("base_model") or DEFAULT_MODEL
     model, tokenizer = load_model(spec, adapter_path=adapter)
     text = getattr(model, "language_model", model)
     args = text_args(model, spec)
@@ -228,35 +230,48 @@ def run(cfg: ExportConfig) -> dict:
     system = system_prompt(prompt)
     extra = {META_PROMPT: json.dumps(prompt.model_dump(), sort_keys=True), META_SYSTEM: system,
              "wordle_mlx.base_model": spec, "wordle_mlx.adapter": adapter.name}
-    decode, trained_tags = adapter_decoding(adapter)
     if decode is not None:
         extra["wordle_mlx.decode"] = decode
     if trained_tags is not None:
         extra["wordle_mlx.trained_tags"] = "true" if trained_tags else "false"
-    warning = untrained_tags_warning(adapter, "free")      # what llama.cpp and Ollama play
-    if warning:
-        print(warning, file=sys.stderr)
+    source = f"{spec} + {adapter.name}"
+    texts = {}
+    if files["grammar"] is not None:
+        pieces = reply_pieces(tokenizer)
+        texts["grammar"] = reply_gbnf(mode, pieces, guess_list())
+        check_reply_gbnf(texts["grammar"], pieces, files["grammar"].name)
+    board = build_messages(prompt, [])[-1]["content"]
+    texts["usage"] = usage_text(out.name, source, mode, decode, files["grammar"] and files["grammar"].name, system,
+                                board, files["modelfile"] and files["modelfile"].name, no_modelfile)
+    if files["modelfile"] is not None:
+        texts["modelfile"] = modelfile_text(out.name, system, describe_state([], style=prompt.style), source)
     if not cfg.json_output:
         console.print(f"exporting {spec} + adapter {display_path(adapter)} -> {display_path(out)} ({cfg.gguf_type}, "
                       "LoRA fused in float32"
                       + (", dequantised from the quantised base" if quantized else "") + ")")
-    with atomic_path(out) as tmp:
-        counts = write_gguf(tmp, args, sources, vocab, gguf_type=cfg.gguf_type,
+    with contextlib.ExitStack() as stack:      # every file renamed into place only when all are written
+        for key, body in texts.items():
+            stack.enter_context(atomic_path(files[key])).write_text(body)
+        counts = write_gguf(stack.enter_context(atomic_path(out)), args, sources, vocab, gguf_type=cfg.gguf_type,
                             chat_template=getattr(tokenizer, "chat_template", None) or GEMMA3_CHAT_TEMPLATE,
                             name=f"{adapter.name} ({spec} + LoRA)", extra=extra)
-        write_text_atomic(modelfile, modelfile_text(out.name, system, describe_state([], style=prompt.style),
-                                                    f"{spec} + {adapter.name}"))
+    stale = [p for key, p in every.items() if files[key] is None and p.exists()]
+    for path in stale:          # --overwrite: an earlier export's grammar or Modelfile would describe another GGUF
+        path.unlink()
     skipped = non_text_tensors(folder)
-    result = {"out": display_path(out), "modelfile": display_path(modelfile), "type": cfg.gguf_type, "model": spec,
+    shown = {key: display_path(p) if p is not None else None for key, p in files.items()}
+    result = {"out": shown["gguf"], "grammar": shown["grammar"], "usage": shown["usage"], "modelfile": shown["modelfile"],
+              "no_modelfile_reason": no_modelfile, "removed": [display_path(p) for p in stale],
+              "type": cfg.gguf_type, "model": spec,
               "adapter": display_path(adapter), "tensors": counts["tensors"], "vocab": counts["vocab"],
               "tokenizer": vocab.source, "non_text_tensors_left_out": skipped, "dequantized": quantized,
               "prompt": "recorded by the adapter" if recorded else "default (the adapter records none)",
-              "decode": decode, "trained_tags": trained_tags,
+              "decode": decode, "trained_tags": trained_tags, "grammar_decode": mode,
               "size_mb": round(out.stat().st_size / 1e6, 1), "seconds": round(time.perf_counter() - start, 1)}
     if not cfg.json_output:
+        written = ", ".join(p.name for key, p in files.items() if p is not None and key != "gguf")
         console.print(f"wrote {result['out']} ({result['size_mb']} MB, {result['tensors']} tensors, "
-                      f"{result['vocab']} tokens) "
-                      f"and {modelfile.name}; text weights only"
+                      f"{result['vocab']} tokens) and {written}; text weights only"
                       + (f" ({skipped} vision/projector tensors left out)" if skipped else "")
-                      + f"; prompt format {result['prompt']}; tokenizer from {vocab.source}")
+                      + f"; prompt format {result['prompt']}; {mode} decoding; tokenizer from {vocab.source}")
     return result

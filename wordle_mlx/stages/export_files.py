@@ -1,0 +1,104 @@
+"""The text files `wordle-mlx export` writes beside the GGUF: the Ollama Modelfile and the llama.cpp usage notes.
+
+The Modelfile (`NAME.Modelfile`) has Gemma's chat template as an Ollama template, the system line the adapter
+was trained with, `<end_of_turn>` as stop token and temperature 0 (greedy play); Ollama takes no GBNF grammar,
+so it plays the model's free decoding. The usage notes (`NAME.llamacpp.md`) say which decoding the player was
+trained for and how to play it: llama.cpp's command line with `--grammar-file NAME.gbnf`, llama-server's
+request, the llama-cpp-python lines with `LlamaGrammar.from_file`, the Ollama commands (or why no Modelfile was
+written), and what a grammar cannot do (rule out the words already on the board).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+STOP_PIECE = "<end_of_turn>"
+USAGE_SUFFIX = ".llamacpp.md"
+
+# Gemma 3's chat template (tokenizer_build.GEMMA3_CHAT_TEMPLATE) in Ollama's Go template language: the
+# system line opens the first user turn, followed by a blank line. Ollama adds <bos> itself.
+OLLAMA_TEMPLATE = """{{- $system := "" }}
+{{- range $i, $m := .Messages }}
+{{- $last := eq (len (slice $.Messages $i)) 1 }}
+{{- if eq $m.Role "system" }}{{ $system = $m.Content }}
+{{- else if eq $m.Role "user" }}<start_of_turn>user
+{{ if $system }}{{ $system }}
+
+{{ $system = "" }}{{ end }}{{ $m.Content }}<end_of_turn>
+{{ if $last }}<start_of_turn>model
+{{ end }}
+{{- else if eq $m.Role "assistant" }}<start_of_turn>model
+{{ $m.Content }}{{ if not $last }}<end_of_turn>
+{{ end }}
+{{- end }}
+{{- end }}"""
+
+GRAMMAR_NOTES = {
+    "grammar": "The grammar fixes the reply's tags and lets each of the 5 letters be any a-z, as wordle-mlx's "
+               "grammar decoding does; a reply may spell a word the game rejects.",
+    "words": "The grammar limits the 5 letters to the allowed guesses. A GBNF grammar is the same on every turn, so "
+             "unlike wordle-mlx's words decoding it cannot rule out the words already on the board: the player "
+             "may repeat a guess.",
+}
+
+
+def modelfile_text(gguf_name: str, system: str, example: str, source: str) -> str:
+    return (f"# Ollama Modelfile for {gguf_name}, written by `wordle-mlx export` ({source}).\n"
+            f"#   ollama create wordle -f {Path(gguf_name).stem}.Modelfile && ollama run wordle\n"
+            f"# Each message is the board as the player was trained to read it, e.g. {example!r}.\n"
+            f"FROM ./{gguf_name}\n"
+            f'TEMPLATE """{OLLAMA_TEMPLATE}"""\n'
+            f'SYSTEM """{system}"""\n'
+            f'PARAMETER stop "{STOP_PIECE}"\n'
+            "PARAMETER temperature 0\n")
+
+
+def shell_quote(text: str) -> str:
+    """`text` as one shell word; with newlines, bash's $'...' form."""
+    if "\n" not in text:
+        return shlex.quote(text)
+    return "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def usage_text(gguf_name: str, source: str, mode: str, recorded: str | None, grammar_name: str | None,
+               system: str, board: str, modelfile_name: str | None, no_modelfile_reason: str | None) -> str:
+    """The usage notes for one export (see the module docstring); `mode` is the decoding the player plays."""
+    where = "records" if recorded else "records no decoding; the default is"
+    grammar_flag = f" --grammar-file {grammar_name}" if grammar_name else ""
+    lines = [f"# Playing {gguf_name} in llama.cpp and Ollama", "",
+             f"Written by `wordle-mlx export` ({source}). The adapter {where} {mode} decoding"
+             + (f": in llama.cpp, constrain each reply with the GBNF grammar `{grammar_name}`. {GRAMMAR_NOTES[mode]}"
+                if grammar_name else ": the model writes its reply unconstrained, so no grammar is written."), "",
+             f"Each turn is one user message, the board as the player was trained to read it (e.g. {board!r}), "
+             f"after the system line {system!r}. Play greedily (temperature 0); a reply is at most 16 tokens.", "",
+             "## llama.cpp", "", "```console",
+             f"$ llama-cli -m {gguf_name}{grammar_flag} --temp 0 -st -sys {shell_quote(system)} -p {shell_quote(board)}",
+             f"$ llama-server -m {gguf_name}"]
+    grammar_field = '"grammar": $g, ' if grammar_name else ""
+    body = ('{"messages": [{"role": "system", "content": $sys}, {"role": "user", "content": $board}], '
+            f'{grammar_field}"temperature": 0, "max_tokens": 16}}')
+    lines += [f"$ jq -n {f'--rawfile g {grammar_name} ' if grammar_name else ''}--arg sys {shell_quote(system)} "
+              f"--arg board {shell_quote(board)} {shlex.quote(body)} \\",
+              "    | curl -s http://localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d @-",
+              "```", ""]
+    if grammar_name:
+        lines += ["llama-server takes the grammar in each request's `grammar` field, as above.", ""]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": board}]
+    lines += ["## llama-cpp-python", "", "```python"]
+    lines += ["from llama_cpp import Llama, LlamaGrammar", "",
+              f"llm = Llama(model_path={gguf_name!r}, n_ctx=2048, verbose=False)"]
+    if grammar_name:
+        lines.append(f"grammar = LlamaGrammar.from_file({grammar_name!r})")
+    lines += [f"messages = {json.dumps(messages)}",
+              "reply = llm.create_chat_completion(messages=messages, temperature=0, max_tokens=16"
+              + (", grammar=grammar)" if grammar_name else ")"),
+              'print(reply["choices"][0]["message"]["content"])', "```", "", "## Ollama", ""]
+    if modelfile_name:
+        lines += ["```console", f"$ ollama create wordle -f {modelfile_name} && ollama run wordle", "```", "",
+                  "Ollama takes no GBNF grammar: it plays the model's free decoding, and the adapter records nothing "
+                  "against that (its reply tags were trained, or it predates the record)."]
+    else:
+        lines.append(f"No Modelfile was written: {no_modelfile_reason}.")
+    return "\n".join(lines) + "\n"

@@ -15,7 +15,8 @@ MLX's measured peak (`plan --measure`'s runs: loading and 2 steps) and the secon
 runs at a smaller batch than 4-bit (bf16 matmuls are slow on this CPU) and says so. Ends `max_error X%`:
 the largest |plan - measured| / measured over the SFT and GRPO steps of both variants.
 
-    .venv/bin/python benchmarks/gemma3_4b_size.py [--variants 4bit bf16] [--skip-export]
+    .venv/bin/python benchmarks/gemma3_4b_size.py [--variants 4bit bf16] [--skip-export] [--size tiny]
+    .venv/bin/python benchmarks/gemma3_4b_size.py --self-play --variants bf16   # self-play and cover alone
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ class Variant:
         print(f"  {self.variant:<5} {stage:<10} {seconds:8.1f} s  {note}", flush=True)
         return result
 
+    def self_play_and_cover(self, adapter: str | None, train_games: int, opener: str | None = None) -> None:
+        """`data self-play` on `train_games` train secrets and 1 valid one, then `data cover` on its output."""
+        from wordle_mlx.config import load_config
+        from wordle_mlx.stages import choice, cover
+
+        play_cfg = self.write("self-play.json", self.config(f"self-play-{self.variant}.json", adapter=adapter,
+                                                            out=str(self.root / "self-play"), train_games=train_games,
+                                                            valid_games=1, opener=opener, progress=False))
+        self.timed("self-play", lambda: choice.run(load_config(play_cfg, choice.ChoiceConfig)),
+                   f"{train_games} + 1 secrets" + (f", opener {opener}" if opener else "")
+                   + ("" if adapter else ", the base model's choices"))
+        self.timed("cover", lambda: cover.run(load_config(None, cover.CoverConfig, {
+            "data": str(self.root / "self-play"), "out": str(self.root / "cover"), "max_candidates": 5,
+            "copies": 4, "progress": False})), "on the self-play data")
+
     def skipped(self, stage: str) -> bool:
         """True (and a row saying why) for a stage the full-size run leaves out."""
         why = FULL_SIZE_SKIPS.get((self.variant, stage)) if self.full else None
@@ -112,7 +128,7 @@ class Variant:
     def run(self, export: bool) -> None:
         from wordle_mlx.config import load_config
         from wordle_mlx.llm import generation
-        from wordle_mlx.stages import choice, cover, data, evaluate, export as export_stage, fuse, plan
+        from wordle_mlx.stages import data, evaluate, export as export_stage, fuse, plan
 
         v, logs, full = self.variant, str(self.root / "logs"), self.full
         for name in (f"sft-{v}.json", f"grpo-{v}.json", f"eval-{v}.json", f"self-play-{v}.json"):
@@ -131,16 +147,8 @@ class Variant:
         grad_checkpoint = recipe(f"sft-{v}.json").get("grad_checkpoint", False)
         self.plan_and_measure("sft", sft_cfg, f"batch {batch}, grad_checkpoint {grad_checkpoint}, "
                               f"{self.dtype or 'bfloat16'}", sft_adapter)
-        if self.skipped("self-play"):
-            pass
-        else:
-            play_cfg = self.write("self-play.json", self.config(f"self-play-{v}.json", adapter=sft_adapter,
-                                                                out=str(self.root / "self-play"), train_games=2,
-                                                                valid_games=1, progress=False))
-            self.timed("self-play", lambda: choice.run(load_config(play_cfg, choice.ChoiceConfig)), "2 + 1 secrets")
-            self.timed("cover", lambda: cover.run(load_config(None, cover.CoverConfig, {
-                "data": str(self.root / "self-play"), "out": str(self.root / "cover"), "max_candidates": 5,
-                "copies": 4, "progress": False})), "on the self-play data")
+        if not self.skipped("self-play"):
+            self.self_play_and_cover(sft_adapter, train_games=2)
         boards = 1 if full else 2
         grpo_cfg = self.write("grpo.json", self.config(f"grpo-{v}.json", **{
             "model.start_adapter": sft_adapter, "logs_dir": logs, "run_name": "grpo", "training.steps": 2,
@@ -205,6 +213,9 @@ def main() -> None:
     ap.add_argument("--skip-export", action="store_true")
     ap.add_argument("--size", choices=["4b", "tiny"], default="4b",
                     help="tiny: the same chain on the tests' tiny Mac layouts (a quick check of this script)")
+    ap.add_argument("--self-play", action="store_true",
+                    help="only self-play (1 + 1 secrets, the empty board's label given, the base model) and cover, "
+                         "which the full chain leaves out at full size")
     args = ap.parse_args()
 
     from wordle_mlx.blas import describe_blas
@@ -220,14 +231,19 @@ def main() -> None:
         print(f"{variant}: checkpoint {model} ready in {time.perf_counter() - start:.0f} s", flush=True)
         with tempfile.TemporaryDirectory(prefix=f"wordle-mlx-4b-{variant}-") as tmp:
             run = Variant(variant, model, Path(tmp), full=args.size == "4b")
+            if args.self_play:
+                run.self_play_and_cover(None, train_games=1, opener="crane")
+                continue
             run.run(export=not args.skip_export)
             steps += run.steps
+    shutil.rmtree(scratch, ignore_errors=True)
+    if not steps:
+        return
     print()
     print(f"{'variant':<8}{'step':<11}{'plan GB':>9}{'measured GB':>13}{'error':>8}{'s/step':>9}  setting")
     for s in steps:
         print(f"{s['variant']:<8}{s['stage']:<11}{s['plan_gb']:9.2f}{s['measured_gb']:13.2f}{s['error']:8.1%}"
               f"{s['seconds_per_step']:9.1f}  {s['note']}")
-    shutil.rmtree(scratch, ignore_errors=True)
     print(f"max_error {100 * max(s['error'] for s in steps):.1f}%")
 
 

@@ -92,7 +92,7 @@ class MacRehearsal:
             "model.name": self.model, "model.dtype": self.dtype, "model.start_adapter": adapters,
             "logs_dir": str(self.root / "logs"), "training.steps": 1, "training.batch_prompts": 2,
             "training.save_every": 0, "rl.num_generations": 2, "rl.max_completion_tokens": 8,
-            "rl.max_invalid_replies": 1}))
+            "rl.max_invalid_replies": 1, "game_eval.every": 0, "game_eval.keep": "last"}))
 
         def run():
             from wordle_mlx.llm import generation

@@ -45,8 +45,11 @@ KINDS = {"bf16": "bfloat16", "4bit": "4bit"}
 # configs' bfloat16 applies), and uses one example or board a step, on the empty board (the shortest prompts).
 FULL_SIZE_DTYPE = {"bf16": "bfloat16", "4bit": "float32"}
 # GRPO at full size plays boards with 5 guesses already on them (the longest prompts, which the planner plans
-# for), so that each game is one turn in words decoding, where every reply is a word and a game would go on;
-# the evals play one turn of each game for the same reason.
+# for) in grammar decoding: a random model's replies are then non-words, so each game ends after its one turn
+# (max_invalid_replies 1) and the well-formed first reply is the only one rewarded, which gives the group the
+# spread the update needs. In the recipe's words decoding every reply is a word and they score alike; words
+# decoding runs the same letter decoder and update with one more mask, which --size tiny runs. The evals play
+# one turn of each game for the same reason.
 LAST_TURN = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
 # What the full-size run leaves to --size tiny (and the test suite), and why: hours on this CPU, or more memory
 # than it has.
@@ -125,7 +128,7 @@ class Variant:
             model["model.dtype" if grpo else "dtype"] = self.dtype
         return recipe(name, **model, **changes)
 
-    def run(self, export: bool) -> None:
+    def run(self, export: bool, steps_only: bool = False) -> None:
         from wordle_mlx.config import load_config
         from wordle_mlx.llm import generation
         from wordle_mlx.stages import data, evaluate, export as export_stage, fuse, plan
@@ -153,12 +156,14 @@ class Variant:
         grpo_cfg = self.write("grpo.json", self.config(f"grpo-{v}.json", **{
             "model.start_adapter": sft_adapter, "logs_dir": logs, "run_name": "grpo", "training.steps": 2,
             "training.batch_prompts": boards, "training.save_every": 0, "rl.num_generations": 2,
-            "rl.max_invalid_replies": 1, **({"prompts.k_weights": LAST_TURN} if full else {})}))
+            "rl.max_invalid_replies": 1, **({"prompts.k_weights": LAST_TURN, "rl.decode": "grammar"} if full else {})}))
         grpo_adapter = str(self.root / "grpo-adapter")
         with mock.patch.object(generation, "BatchedGenerator", first_reply_a_word(generation.BatchedGenerator)):
-            decode = recipe(f"grpo-{v}.json").get("rl", {}).get("decode", "grammar")
+            decode = "grammar" if full else recipe(f"grpo-{v}.json").get("rl", {}).get("decode", "grammar")
             self.plan_and_measure("grpo", grpo_cfg, f"{boards} board(s) x (2 + greedy), {decode} decoding, "
                                   f"{self.dtype or 'bfloat16'}", grpo_adapter)
+        if steps_only:
+            return
         games = 1 if full else 2
         one_turn = {"rollout.max_turns": 1} if full else {}
         eval_cfg = self.write("eval.json", self.config(f"eval-{v}.json", adapter=grpo_adapter, games=games,
@@ -216,6 +221,7 @@ def main() -> None:
     ap.add_argument("--self-play", action="store_true",
                     help="only self-play (1 + 1 secrets, the empty board's label given, the base model) and cover, "
                          "which the full chain leaves out at full size")
+    ap.add_argument("--steps-only", action="store_true", help="only plan, data and the SFT and GRPO steps")
     args = ap.parse_args()
 
     from wordle_mlx.blas import describe_blas
@@ -234,7 +240,7 @@ def main() -> None:
             if args.self_play:
                 run.self_play_and_cover(None, train_games=1, opener="crane")
                 continue
-            run.run(export=not args.skip_export)
+            run.run(export=not args.skip_export, steps_only=args.steps_only)
             steps += run.steps
     shutil.rmtree(scratch, ignore_errors=True)
     if not steps:

@@ -29,6 +29,7 @@ from pydantic import Field
 
 from ..config import StrictModel, display_path
 from ..errors import UserError
+from ..llm.grpo_loss import lora_disabled
 
 
 def use_fast_gelu_like(fresh, loaded_by_us):
@@ -84,15 +85,8 @@ def fuse_lora_layers(model, dequantize: bool = False, check=None) -> int:
 
 def without_adapter(model, inputs):
     """The base model's logits on `inputs`: every LoRA layer's scale set to 0 for one forward pass."""
-    layers = [m for _, m in model.named_modules() if hasattr(m, "fuse") and hasattr(m, "scale")]
-    scales = [m.scale for m in layers]
-    try:
-        for m in layers:
-            m.scale = 0.0
+    with lora_disabled(model):
         return model(inputs)
-    finally:
-        for m, scale in zip(layers, scales):
-            m.scale = scale
 
 
 def max_difference(a, b) -> tuple[float, float]:

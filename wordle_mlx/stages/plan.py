@@ -47,7 +47,7 @@ def stage_config(path: str):
     from .choice import ChoiceConfig
     from .evaluate import EvalConfig
     from .grpo_config import GRPOConfig
-    from .sft import SFTConfig
+    from .sft_config import SFTConfig
 
     errors = []
     for kind, model in (("sft", SFTConfig), ("grpo", GRPOConfig), ("self-play", ChoiceConfig), ("eval", EvalConfig)):

@@ -60,9 +60,9 @@ def main() -> None:
     import numpy as np
     from mlx_lm.models import gemma3_text
 
-    from wordle_mlx.llm import cpu_kernels, lora
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.sft_loss import loss_sum
+    from wordle_mlx.llm.model import cpu_kernels, lora
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.training.sft_loss import loss_sum
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="builtin:gemma-3-270m")

@@ -61,10 +61,10 @@ def main() -> None:
     from wordle_mlx.blas import describe_blas
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.state import GameState
-    from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-    from wordle_mlx.llm.logits import text_model
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.rollout import RolloutConfig, prompt_token_ids
+    from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
+    from wordle_mlx.llm.model.logits import text_model
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.play.rollout import RolloutConfig, prompt_token_ids
 
     model, tokenizer = load_model(args.model, adapter_path=args.adapter)
     model.eval()

@@ -34,7 +34,7 @@ def child(args) -> None:
     import mlx.core as mx
 
     from wordle_mlx.config import validate_config
-    from wordle_mlx.llm.distributed import init_world
+    from wordle_mlx.llm.training.distributed import init_world
     from wordle_mlx.stages import grpo
 
     world = init_world()

@@ -24,7 +24,7 @@ from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
 
 def why(free_text: str, grammar_text: str, allowed) -> str:
     """Why a free reply and a grammar reply to the same prompt differ."""
-    from wordle_mlx.llm.prompts import parse_reply
+    from wordle_mlx.llm.play.prompts import parse_reply
 
     parsed = parse_reply(free_text, False, allowed)
     if parsed.error is not None:
@@ -44,8 +44,8 @@ def main() -> None:
     from wordle_mlx.blas import describe_blas
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import guess_list
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.rollout import GameSpec, RolloutConfig, play_games
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig, play_games
 
     model, tokenizer = load_model(args.model, adapter_path=args.adapter)
     allowed = frozenset(guess_list())

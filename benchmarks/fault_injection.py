@@ -3,7 +3,7 @@
 Runs the real CLI as subprocesses on the tiny random model with tiny configs in a temp folder. First one
 uninterrupted reference run per command; then, per trial, a run killed with SIGKILL either at a random
 moment of its training loop or (every third trial) inside a checkpoint write through the test hook
-`WORDLE_MLX_FAULT=checkpoint-write:N` (llm/lora.py), followed by `--resume` to the end (or, when no
+`WORDLE_MLX_FAULT=checkpoint-write:N` (llm/model/lora.py), followed by `--resume` to the end (or, when no
 checkpoint was complete yet, a clean one-line refusal and a fresh run with `--overwrite`). The random
 moment is picked as "after k logged steps (k uniform), plus a uniform fraction of one step", so kills
 spread over the whole run however loaded the machine is. Every trial
@@ -236,7 +236,7 @@ def disk_full_trial(ws: Path) -> Trial:
             trial.problems.append("the run did not fill the disk")
         if "Traceback" in done.stderr or len(lines) != 1 or str(mnt / "sft" / "checkpoints") not in lines[0]:
             trial.problems.append(f"error is not one line naming the path: {done.stderr!r}")
-        from wordle_mlx.llm.lora import latest_checkpoint
+        from wordle_mlx.llm.model.lora import latest_checkpoint
         latest = latest_checkpoint(mnt / "sft" / "checkpoints")
         if not on_disk or latest is None or latest.name != f"step_{on_disk[-1]:06d}":
             trial.problems.append(f"previous checkpoint lost: on disk {on_disk}, latest {latest}")

@@ -1,7 +1,7 @@
 """Every stage of scripts/train_4b.sh on a full-size Gemma 3 4B checkpoint, and the planner against MLX's peak.
 
 The checkpoint is random (seeded) but has exactly the shapes, config and layout of
-`mlx-community/gemma-3-4b-it-bf16` and `-4bit` (`llm/mac_layouts.rehearsal_model`: text and vision towers,
+`mlx-community/gemma-3-4b-it-bf16` and `-4bit` (`llm/model/mac_layouts.rehearsal_model`: text and vision towers,
 two 5 GB shards and their index for bf16, mlx-lm's quantizer for 4-bit, Gemma 3's tokenizer files). It is
 built once in the user cache (about 11.6 GB for both) and never committed. For each variant the script runs
 the recipe's own configs from config/gemma3-4b/, changing only the model path, the output folders and the
@@ -130,7 +130,7 @@ class Variant:
 
     def run(self, export: bool, steps_only: bool = False) -> None:
         from wordle_mlx.config import load_config
-        from wordle_mlx.llm import generation
+        from wordle_mlx.llm.play import generation
         from wordle_mlx.stages import data, evaluate, export as export_stage, fuse, plan
 
         v, logs, full = self.variant, str(self.root / "logs"), self.full
@@ -225,7 +225,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from wordle_mlx.blas import describe_blas
-    from wordle_mlx.llm.mac_layouts import make_mac_layout, rehearsal_model
+    from wordle_mlx.llm.model.mac_layouts import make_mac_layout, rehearsal_model
 
     print(f"Gemma 3 4B at {'full' if args.size == '4b' else 'tiny'} size, random weights; {describe_blas()}")
     kernel_rates()

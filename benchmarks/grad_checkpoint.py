@@ -31,10 +31,10 @@ def main() -> None:
     import mlx.nn as nn
 
     from wordle_mlx.config import validate_config
-    from wordle_mlx.llm import lora
-    from wordle_mlx.llm.logits import set_grad_checkpoint
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.sft_loss import loss_sum, make_batch
+    from wordle_mlx.llm.model import lora
+    from wordle_mlx.llm.model.logits import set_grad_checkpoint
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
     from wordle_mlx.stages import data
     from wordle_mlx.stages.sft import tokenize
 

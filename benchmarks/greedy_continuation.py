@@ -43,11 +43,11 @@ def main() -> None:
     from wordle_mlx.game.rewards import Rewards, RewardWeights
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
-    from wordle_mlx.llm.generation import BatchedGenerator
-    from wordle_mlx.llm.grpo_step import GroupSettings, Player, rollout_turn_mode
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.prompts import PromptConfig, choose_prompt
-    from wordle_mlx.llm.rollout import GameSpec, RolloutConfig
+    from wordle_mlx.llm.play.generation import BatchedGenerator
+    from wordle_mlx.llm.training.grpo_step import GroupSettings, Player, rollout_turn_mode
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.play.prompts import PromptConfig, choose_prompt
+    from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="builtin:gemma-3-270m")

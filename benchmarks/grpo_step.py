@@ -39,10 +39,10 @@ def main() -> None:
     from wordle_mlx.game.rewards import Rewards
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
-    from wordle_mlx.llm import grpo_step
-    from wordle_mlx.llm.generation import BatchedGenerator
-    from wordle_mlx.llm.grpo_loss import LossSettings
-    from wordle_mlx.llm.rollout import GameSpec, RolloutConfig
+    from wordle_mlx.llm.training import grpo_step
+    from wordle_mlx.llm.play.generation import BatchedGenerator
+    from wordle_mlx.llm.training.grpo_loss import LossSettings
+    from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
     from wordle_mlx.stages.grpo import letter_choices, load_policy
     from wordle_mlx.stages.grpo_config import GRPOConfig
 

@@ -31,12 +31,12 @@ def main() -> None:
     from mlx.utils import tree_flatten, tree_unflatten
 
     from wordle_mlx.game.feedback import feedback
-    from wordle_mlx.llm import lora
-    from wordle_mlx.llm.episode import TokenSequence
-    from wordle_mlx.llm.grpo_loss import LossSettings, shared_prompt_groups, split_batch
-    from wordle_mlx.llm.grpo_step import ScoredItem, UpdateSettings, policy_update
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.prompts import PromptConfig, build_messages, format_reply
+    from wordle_mlx.llm.model import lora
+    from wordle_mlx.llm.play.episode import TokenSequence
+    from wordle_mlx.llm.training.grpo_loss import LossSettings, shared_prompt_groups, split_batch
+    from wordle_mlx.llm.training.grpo_step import ScoredItem, UpdateSettings, policy_update
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.play.prompts import PromptConfig, build_messages, format_reply
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="builtin:gemma-3-270m")

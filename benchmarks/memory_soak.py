@@ -63,13 +63,13 @@ def main() -> int:
     from wordle_mlx.game.solver import Solver
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
-    from wordle_mlx.llm.generation import BatchedGenerator
-    from wordle_mlx.llm.grpo_loss import LossSettings
-    from wordle_mlx.llm.grpo_step import GroupSettings, Player, UpdateSettings, policy_update, rollout_episode_mode
-    from wordle_mlx.llm.lora import apply_lora, lora_parameters
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.prompts import PromptConfig
-    from wordle_mlx.llm.rollout import GameSpec, RolloutConfig
+    from wordle_mlx.llm.play.generation import BatchedGenerator
+    from wordle_mlx.llm.training.grpo_loss import LossSettings
+    from wordle_mlx.llm.training.grpo_step import GroupSettings, Player, UpdateSettings, policy_update, rollout_episode_mode
+    from wordle_mlx.llm.model.lora import apply_lora, lora_parameters
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.play.prompts import PromptConfig
+    from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
     from wordle_mlx.stages.entropy import load_table
 
     mx.random.seed(0)

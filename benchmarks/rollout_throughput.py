@@ -28,7 +28,7 @@ def sequential(model, tokenizer, prompts: list[list[int]], max_tokens: int) -> i
     from mlx_lm.generate import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    from wordle_mlx.llm.generation import end_token_ids
+    from wordle_mlx.llm.play.generation import end_token_ids
 
     ends, sampler, total = end_token_ids(tokenizer), make_sampler(0.0), 0
     for prompt in prompts:
@@ -53,8 +53,8 @@ def main() -> None:
 
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import guess_list
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.rollout import GameSpec, RolloutConfig, play_games
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig, play_games
 
     model, tokenizer = load_model(args.model)
     cfg = RolloutConfig(decode="free", temperature=0.0, max_tokens_per_turn=args.max_tokens, max_turns=args.turns,

@@ -28,7 +28,7 @@ def main() -> None:
     import numpy as np
     from mlx_lm.sample_utils import make_sampler
 
-    from wordle_mlx.llm.generation import inverse_cdf_sampler
+    from wordle_mlx.llm.play.generation import inverse_cdf_sampler
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=64)

@@ -2,7 +2,7 @@
 `default_loss` on the same batches.
 
 All three compute cross-entropy on assistant tokens only; ours runs the model body, gathers the positions
-that carry loss and projects only those onto the vocabulary (`llm/sft_loss.py`), mlx-lm's projects
+that carry loss and projects only those onto the vocabulary (`llm/training/sft_loss.py`), mlx-lm's projects
 every position. "ours, shared prefix" also runs the start that every example of the batch shares (chat
 markers and system line) once per batch (`make_batch(share_prefix=True)`, the SFT stage's default).
 Each timed step is a full LoRA gradient computation (value_and_grad + eval) on the same batch, the three
@@ -49,11 +49,11 @@ def main() -> None:
     import mlx.nn as nn
     from mlx_lm.tuner.trainer import default_loss
 
-    from wordle_mlx.llm import lora
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.sft_loss import letter_loss, loss_sum, make_batch
+    from wordle_mlx.llm.model import lora
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.training.sft_loss import letter_loss, loss_sum, make_batch
     from wordle_mlx.stages.data import read_sft_jsonl
-    from wordle_mlx.llm.prompts import PromptConfig
+    from wordle_mlx.llm.play.prompts import PromptConfig
     from wordle_mlx.stages.sft import tokenize, with_boards
 
     parser = argparse.ArgumentParser()

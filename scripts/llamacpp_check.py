@@ -164,8 +164,8 @@ def greedy_reply(model, prompt_ids: list[int], stop: set[int]) -> tuple[list[int
 
 def wordle_mlx_replies(model, tokenizer, count: int) -> dict:
     """The job for llama.cpp: each board's prompt text, wordle-mlx's prompt ids, greedy reply and top-k logits."""
-    from wordle_mlx.llm.generation import end_token_ids
-    from wordle_mlx.llm.prompts import adapter_prompt, build_messages
+    from wordle_mlx.llm.play.generation import end_token_ids
+    from wordle_mlx.llm.play.prompts import adapter_prompt, build_messages
 
     prompt, stop, boards = adapter_prompt(ADAPTER), end_token_ids(tokenizer), []
     for secret, board in test_boards(count):
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from wordle_mlx.blas import reexec_with_openblas
     reexec_with_openblas()     # MLX's bundled reference BLAS is ~30x slower on Linux
-    from wordle_mlx.llm.models import load_model
-    from wordle_mlx.llm.prompts import parse_reply
+    from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.play.prompts import parse_reply
     from wordle_mlx.stages import export
 
     start = time.perf_counter()

@@ -73,7 +73,7 @@ class LlamaCppBackend:
         self.prompts = self.same_prompts = 0
 
     def __call__(self, prompts, cfg, **_):
-        from wordle_mlx.llm.generation import Completion
+        from wordle_mlx.llm.play.generation import Completion
 
         texts = [self.tokenizer.decode(list(p)) for p in prompts]
         self.proc.stdin.write(json.dumps({"texts": texts}) + "\n")
@@ -112,8 +112,8 @@ def play_both(model, tokenizer, adapter: Path, count: int, backend: LlamaCppBack
     """N greedy test games on each side in the adapter's decoding mode; the comparison for the report."""
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import guess_list
-    from wordle_mlx.llm.prompts import parse_reply
-    from wordle_mlx.llm.rollout import GameSpec, RolloutConfig, decode_mode, play_games
+    from wordle_mlx.llm.play.prompts import parse_reply
+    from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig, decode_mode, play_games
 
     rollout = RolloutConfig(temperature=0.0).for_adapter(str(adapter))
     mode = decode_mode(rollout)

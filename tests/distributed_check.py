@@ -23,9 +23,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.distributed import World, init_world
-from wordle_mlx.llm.models import load_model
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.training.distributed import World, init_world
+from wordle_mlx.llm.model.models import load_model
 
 VOCAB = 384
 
@@ -50,8 +50,8 @@ def max_diff(a: dict, b: dict) -> tuple[float, float]:
 
 
 def grpo_items():
-    from wordle_mlx.llm.episode import TokenSequence
-    from wordle_mlx.llm.grpo_step import ScoredItem
+    from wordle_mlx.llm.play.episode import TokenSequence
+    from wordle_mlx.llm.training.grpo_step import ScoredItem
 
     rng = np.random.default_rng(1)
     items = []
@@ -66,8 +66,8 @@ def grpo_items():
 
 
 def grpo_gradient(items, world, averaging: str) -> tuple[dict, dict]:
-    from wordle_mlx.llm.grpo_loss import LossSettings
-    from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update
+    from wordle_mlx.llm.training.grpo_loss import LossSettings
+    from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
 
     model = tiny_policy()
     before = flat(model)
@@ -94,7 +94,7 @@ def check_grpo(world) -> dict:
 
 
 def check_sft(world) -> dict:
-    from wordle_mlx.llm.sft_loss import loss_sum
+    from wordle_mlx.llm.training.sft_loss import loss_sum
     from wordle_mlx.stages.sft import SFTConfig, make_batches, mean_gradient
 
     rng = np.random.default_rng(2)

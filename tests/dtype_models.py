@@ -48,7 +48,7 @@ def tiny_model_in(kind: str) -> str:
     if kind not in _built:
         from mlx_lm.convert import convert
 
-        from wordle_mlx.llm.models import tiny_random_dir
+        from wordle_mlx.llm.model.models import tiny_random_dir
 
         root = Path(tempfile.mkdtemp(prefix="wordle-mlx-dtypes-"))
         atexit.register(shutil.rmtree, root, True)
@@ -66,9 +66,9 @@ def tiny_model_in(kind: str) -> str:
 def sampled_items(model, tokenizer, groups: int = 2, g: int = 4) -> list:
     """G replies sampled (temperature 1, the real generator) to each of `groups` prompts, as GRPO items with
     the sampler's log-probs; rewards 0, 1, ..., G - 1 within a group, so every group trains."""
-    from wordle_mlx.llm.episode import TokenSequence
-    from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-    from wordle_mlx.llm.grpo_step import ScoredItem
+    from wordle_mlx.llm.play.episode import TokenSequence
+    from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
+    from wordle_mlx.llm.training.grpo_step import ScoredItem
 
     items = []
     generate = BatchedGenerator(model, tokenizer)
@@ -89,8 +89,8 @@ def write_adapter(folder: Path, spec: str = "builtin:tiny-random", dtype=None) -
     import mlx.core as mx
     from mlx.utils import tree_map
 
-    from wordle_mlx.llm import lora
-    from wordle_mlx.llm.models import load_model
+    from wordle_mlx.llm.model import lora
+    from wordle_mlx.llm.model.models import load_model
 
     model, _ = load_model(spec)
     mx.random.seed(11)

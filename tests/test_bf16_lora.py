@@ -20,9 +20,9 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from wordle_mlx.config import validate_config
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.grpo_loss import LossSettings
-from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.training.grpo_loss import LossSettings
+from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
 from wordle_mlx.stages import data, grpo, sft
 
 from tests.dtype_models import sampled_items, tiny_model_in, write_adapter

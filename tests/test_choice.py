@@ -20,10 +20,10 @@ from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import is_consistent
 from wordle_mlx.game.solver import Solver
 from wordle_mlx.game.splits import split_answers
-from wordle_mlx.llm.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
-from wordle_mlx.llm.prompts import PromptConfig
+from wordle_mlx.llm.play.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
+from wordle_mlx.llm.play.prompts import PromptConfig
 from wordle_mlx.game.words import guess_list
-from wordle_mlx.llm.reply_grammar import LETTERS, LetterGrammar, WordTrie
+from wordle_mlx.llm.play.reply_grammar import LETTERS, LetterGrammar, WordTrie
 from wordle_mlx.stages import choice, data
 from wordle_mlx.stages.entropy import load_table
 

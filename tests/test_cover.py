@@ -18,7 +18,7 @@ from wordle_mlx.game.knowledge import is_consistent
 from wordle_mlx.game.solver import Solver
 from wordle_mlx.game.splits import split_answers
 from wordle_mlx.game.state import MAX_GUESSES
-from wordle_mlx.llm.prompts import PromptConfig, build_messages, format_reply
+from wordle_mlx.llm.play.prompts import PromptConfig, build_messages, format_reply
 from wordle_mlx.stages import cover, data
 from wordle_mlx.stages.entropy import load_table
 

@@ -15,8 +15,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text
 
 from wordle_mlx.blas import openblas_coretype
-from wordle_mlx.llm import cpu_kernels, lora, models
-from wordle_mlx.llm.sft_loss import loss_sum
+from wordle_mlx.llm.model import cpu_kernels, lora, models
+from wordle_mlx.llm.training.sft_loss import loss_sum
 from . import assert_f32_close
 
 

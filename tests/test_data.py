@@ -225,7 +225,7 @@ class RetryExamplesTest(unittest.TestCase):
     """`retry_fraction`: prompts that report an invalid previous reply exactly as the game engine does."""
 
     def test_retry_prompts_match_the_engine_and_replay(self):
-        from wordle_mlx.llm.prompts import error_message, parse_reply
+        from wordle_mlx.llm.play.prompts import error_message, parse_reply
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config(write_config(Path(tmp), train_examples=80, valid_examples=10, think_style="pattern",
                                            turns_per_game=3, retry_fraction=0.5), data.DataConfig)
@@ -267,7 +267,7 @@ class RejectedWordTest(unittest.TestCase):
     """`prompt.rejected_word`: how the retry message shows a non-word."""
 
     def test_letters_message_in_both_contexts(self):
-        from wordle_mlx.llm.prompts import PromptConfig, TurnText, build_messages
+        from wordle_mlx.llm.play.prompts import PromptConfig, TurnText, build_messages
         board = [("raise", "XXGXX")]
         for form, shown in (("upper", "BOIND is not in the word list."), ("letters", "Not in the word list: b o i n d.")):
             cfg = PromptConfig(require_think=False, style="compact", guess_format="letters", rejected_word=form)
@@ -282,7 +282,7 @@ class RejectedWordTest(unittest.TestCase):
             self.assertTrue(other.startswith("Your guess 'swan' is not 5 letters a-z. Try again.\n"), other)
 
     def test_retry_context_lists_earlier_errors_only_when_asked(self):
-        from wordle_mlx.llm.prompts import PromptConfig, build_messages
+        from wordle_mlx.llm.play.prompts import PromptConfig, build_messages
         board, earlier = [("raise", "XXGXX")], [("not_a_word", "boind"), ("missing_guess", None)]
         base = PromptConfig(require_think=False, style="compact", guess_format="letters")
         self.assertEqual(base.retry_context, "last")
@@ -352,7 +352,7 @@ class CompactLettersTest(unittest.TestCase):
     """The compact prompt (derived clues only) and the letters guess format (`<guess> c r a n e</guess>`)."""
 
     def test_compact_clues_are_truthful_and_prune(self):
-        from wordle_mlx.llm.prompts import PromptConfig, build_messages
+        from wordle_mlx.llm.play.prompts import PromptConfig, build_messages
         cfg = PromptConfig(style="compact", require_think=False)
         words = answers()
         board = [("raise", feedback("raise", "fetch")), ("betel", feedback("betel", "fetch"))]
@@ -371,7 +371,7 @@ class CompactLettersTest(unittest.TestCase):
             self.assertLess(len(fitting), len(words))
 
     def test_letters_targets_parse_and_only_the_reply_changes(self):
-        from wordle_mlx.llm.prompts import parse_reply
+        from wordle_mlx.llm.play.prompts import parse_reply
         allowed = set(load_table(show_progress=False).guesses)
         with tempfile.TemporaryDirectory() as tmp:
             runs = []
@@ -394,7 +394,7 @@ class CompactLettersTest(unittest.TestCase):
             self.assertNotIn("Your guesses so far", a["messages"][1]["content"])
 
     def test_parser_reads_letters_only_as_five_single_letters(self):
-        from wordle_mlx.llm.prompts import MISSING_THINK, NOT_A_WORD, NOT_FIVE_LETTERS, parse_reply
+        from wordle_mlx.llm.play.prompts import MISSING_THINK, NOT_A_WORD, NOT_FIVE_LETTERS, parse_reply
         allowed = {"crane"}
         self.assertEqual(parse_reply("<guess> C R A N E </guess>", False, allowed).guess, "crane")
         self.assertEqual(parse_reply("<guess>c r a n x</guess>", False, allowed).error, NOT_A_WORD)

@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from wordle_mlx.config import validate_config
 from wordle_mlx.game.splits import split_words
-from wordle_mlx.llm.distributed import HASH_DIR_ENV, TIMEOUT_ENV, arrays_hash
+from wordle_mlx.llm.training.distributed import HASH_DIR_ENV, TIMEOUT_ENV, arrays_hash
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import data
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from wordle_mlx.config import load_config
 from wordle_mlx.errors import UserError
 from wordle_mlx.game.splits import split_words
-from wordle_mlx.llm.reply_grammar import adapter_decoding
-from wordle_mlx.llm.rollout import RolloutConfig
+from wordle_mlx.llm.play.reply_grammar import adapter_decoding
+from wordle_mlx.llm.play.rollout import RolloutConfig
 from wordle_mlx.stages import evaluate, play
 
 from tests.dtype_models import write_adapter

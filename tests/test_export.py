@@ -26,11 +26,11 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from wordle_mlx.errors import UserError
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.gguf_import import import_gguf, mlx_tensor_name
-from wordle_mlx.llm.models import load_model, resolve_model
-from wordle_mlx.llm.prompts import PromptConfig, system_prompt
-from wordle_mlx.llm.tiny_model import TINY_CONFIG, tiny_vocab
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.model.gguf_import import import_gguf, mlx_tensor_name
+from wordle_mlx.llm.model.models import load_model, resolve_model
+from wordle_mlx.llm.play.prompts import PromptConfig, system_prompt
+from wordle_mlx.llm.model.tiny_model import TINY_CONFIG, tiny_vocab
 from wordle_mlx.stages import export
 from wordle_mlx.stages.fuse import check_batch, fuse_lora_layers
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from tests.test_export import make_adapter
 from wordle_mlx.errors import UserError
 from wordle_mlx.game.words import guess_list
-from wordle_mlx.llm.gbnf import GbnfMatcher, ReplyPieces, reply_pieces
-from wordle_mlx.llm.models import load_model, load_tokenizer, resolve_model
-from wordle_mlx.llm.reply_grammar import decoding_record
+from wordle_mlx.llm.play.gbnf import GbnfMatcher, ReplyPieces, reply_pieces
+from wordle_mlx.llm.model.models import load_model, load_tokenizer, resolve_model
+from wordle_mlx.llm.play.reply_grammar import decoding_record
 from wordle_mlx.stages import export
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,8 +32,8 @@ from wordle_mlx import metrics
 from wordle_mlx.cli import app
 from wordle_mlx.errors import UserError
 from wordle_mlx.game.entropy import PatternTable
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.models import load_model
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.model.models import load_model
 from wordle_mlx.metrics import read_jsonl
 
 KILLS_PER_COMMAND = 3
@@ -159,7 +159,7 @@ class StopSignalThenResume(Workspace):
         self.check("sft", sft, "mean_gradient", "sigterm-sft", "sft.json")
 
     def test_train_sigterm_then_resume_equals_uninterrupted(self):
-        from wordle_mlx.llm import grpo_step
+        from wordle_mlx.llm.training import grpo_step
         self.check("train", grpo_step, "policy_update", "sigterm-grpo", "grpo.json")
 
 

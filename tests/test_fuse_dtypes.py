@@ -3,7 +3,7 @@
 The fuse check's limit used to be fixed at 1e-4 of the largest logit, so a bfloat16 fuse (rounding) and a
 4-bit one (mlx-lm re-quantizes the fused weights) always failed. Now each fused weight is checked against
 W + scale B^T A^T within what rounding or re-quantization allows, and the logits within a limit derived from
-the dtype, the number of blocks and the measured weight perturbation (`llm/fuse_bounds.py`). These tests fuse
+the dtype, the number of blocks and the measured weight perturbation (`llm/model/fuse_bounds.py`). These tests fuse
 a random adapter into the tiny model's bfloat16 and 4-bit (mlx-lm's converter) copies, re-quantized and
 dequantized (a re-quantized fuse must keep at least half of the adapter's effect on the logits, and one that
 rounds the adapter away fails), and check that the folder loads with plain `mlx_lm.load`, that its logits are within the stated

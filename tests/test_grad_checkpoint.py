@@ -23,13 +23,13 @@ from mlx.utils import tree_flatten, tree_map
 import mlx.optimizers as optim
 
 from wordle_mlx.config import validate_config
-from wordle_mlx.llm.advantages import group_advantages
-from wordle_mlx.llm.grpo_loss import LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_shared_batch
-from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.logits import set_grad_checkpoint
-from wordle_mlx.llm.models import load_model
-from wordle_mlx.llm.sft_loss import loss_sum, make_batch
+from wordle_mlx.llm.training.advantages import group_advantages
+from wordle_mlx.llm.training.grpo_loss import LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_shared_batch
+from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.model.logits import set_grad_checkpoint
+from wordle_mlx.llm.model.models import load_model
+from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
 from wordle_mlx.stages import data, sft
 
 from tests.dtype_models import sampled_items
@@ -146,7 +146,7 @@ class GRPOGradCheckpointTest(unittest.TestCase):
         assert_trees_close(self, updated(True), updated(False))
 
     def test_train_applies_grad_checkpoint_and_the_metal_memory_setup(self):
-        from wordle_mlx.llm import logits, memory
+        from wordle_mlx.llm.model import logits, memory
         from wordle_mlx.stages import grpo
 
         self.assertFalse(grpo.GRPOConfig().training.grad_checkpoint)

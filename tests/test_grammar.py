@@ -1,4 +1,4 @@
-"""Grammar-constrained replies (llm/reply_grammar.py, llm/letter_decoder.py): the reply's shape per tokenizer, and
+"""Grammar-constrained replies (llm/play/reply_grammar.py, llm/play/letter_decoder.py): the reply's shape per tokenizer, and
 the policy grammar and words decoding play is exactly the full model's distribution at each letter, masked to the
 allowed letters and renormalised, in the rollout, the GRPO update and the SFT loss (float32, within 1e-5, on the
 tiny model and on the 270M; in words decoding with each board's words, and the greedy word itself, ruled out); the
@@ -19,18 +19,18 @@ from mlx.utils import tree_map
 from wordle_mlx.errors import UserError
 from wordle_mlx.game.state import GameState
 from wordle_mlx.game.words import answers, guess_list
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_batch,
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
+from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_batch,
                                       pack_shared_batch, selected_logprobs)
 from wordle_mlx.game.rewards import RewardWeights, Rewards
-from wordle_mlx.llm.grpo_step import GroupSettings, Player, ScoredItem, UpdateSettings, policy_update, rollout_turn_mode
-from wordle_mlx.llm.models import load_model
-from wordle_mlx.llm.prompts import PromptConfig, parse_reply
-from wordle_mlx.llm.reply_grammar import LETTERS, LetterChoices, LetterGrammar, WordTrie, effective_mode
-from wordle_mlx.llm.rollout import GameSpec, RolloutConfig, play_games, prompt_token_ids
-from wordle_mlx.llm.episode import reply_sequence
-from wordle_mlx.llm.sft_loss import loss_sum, make_batch
+from wordle_mlx.llm.training.grpo_step import GroupSettings, Player, ScoredItem, UpdateSettings, policy_update, rollout_turn_mode
+from wordle_mlx.llm.model.models import load_model
+from wordle_mlx.llm.play.prompts import PromptConfig, parse_reply
+from wordle_mlx.llm.play.reply_grammar import LETTERS, LetterChoices, LetterGrammar, WordTrie, effective_mode
+from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig, play_games, prompt_token_ids
+from wordle_mlx.llm.play.episode import reply_sequence
+from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
 
 from tests.dtype_models import tiny_model_in
 

@@ -18,16 +18,16 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from wordle_mlx.config import validate_config
 from wordle_mlx.errors import UserError
-from wordle_mlx.llm import grpo_loss as grpo_loss_module
-from wordle_mlx.llm import grpo_step
-from wordle_mlx.llm.episode import TokenSequence
-from wordle_mlx.llm.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.advantages import group_advantages
-from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, lora_disabled, pack_batch,
+from wordle_mlx.llm.training import grpo_loss as grpo_loss_module
+from wordle_mlx.llm.training import grpo_step
+from wordle_mlx.llm.play.episode import TokenSequence
+from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
+from wordle_mlx.llm.training.advantages import group_advantages
+from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, lora_disabled, pack_batch,
                                       selected_logprobs)
-from wordle_mlx.llm.grpo_step import GroupSettings, Player, ScoredItem, UpdateSettings, policy_update
-from wordle_mlx.llm.lora import apply_lora, lora_parameters
-from wordle_mlx.llm.models import load_model
+from wordle_mlx.llm.training.grpo_step import GroupSettings, Player, ScoredItem, UpdateSettings, policy_update
+from wordle_mlx.llm.model.lora import apply_lora, lora_parameters
+from wordle_mlx.llm.model.models import load_model
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import grpo as stage
 from wordle_mlx.stages.plot import PlotConfig
@@ -115,7 +115,7 @@ class Packing(unittest.TestCase):
 
     def test_episode_sequences_mask_only_model_tokens(self):
         from wordle_mlx.game.state import GameState
-        from wordle_mlx.llm.episode import Episode, Turn
+        from wordle_mlx.llm.play.episode import Episode, Turn
 
         ep = Episode("crane", [], GameState("crane"), [Turn([1, 2, 3], [4, 5], [-0.1, -0.2], "", None, "missing_guess"),
                                                       Turn([1, 2, 6, 7], [8], [-0.3], "", None, "missing_guess")])
@@ -353,7 +353,7 @@ class Stage(unittest.TestCase):
         model, tok = tiny_policy(0)
         from wordle_mlx.game.rewards import RewardWeights, Rewards
         from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.rollout import GameSpec
+        from wordle_mlx.llm.play.rollout import GameSpec
 
         cfg = stage_config(self.tmp.name)
         rcfg = stage.rollout_config(cfg, 1.0, 0)
@@ -375,7 +375,7 @@ class Stage(unittest.TestCase):
         model, tok = tiny_policy(0)
         from wordle_mlx.game.rewards import RewardWeights, Rewards
         from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.rollout import GameSpec
+        from wordle_mlx.llm.play.rollout import GameSpec
 
         rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
         rewards = Rewards(RewardWeights(early=1.2), answers())
@@ -405,7 +405,7 @@ class Stage(unittest.TestCase):
         model, tok = tiny_policy(0)
         from wordle_mlx.game.rewards import RewardWeights, Rewards
         from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.rollout import GameSpec, play_games
+        from wordle_mlx.llm.play.rollout import GameSpec, play_games
 
         rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
         rewards = Rewards(RewardWeights(early=1.2), answers())
@@ -428,7 +428,7 @@ class Stage(unittest.TestCase):
         model, tok = tiny_policy(0)
         from wordle_mlx.game.rewards import RewardWeights, Rewards
         from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.rollout import GameSpec
+        from wordle_mlx.llm.play.rollout import GameSpec
 
         rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
         rewards = Rewards(RewardWeights(early=1.2), answers())
@@ -484,7 +484,7 @@ class Stage(unittest.TestCase):
 
 class StartFromAdapter(unittest.TestCase):
     def test_sft_dropout_is_replaced_by_the_grpo_setting(self):
-        from wordle_mlx.llm.lora import adapter_config, save_adapters
+        from wordle_mlx.llm.model.lora import adapter_config, save_adapters
         with tempfile.TemporaryDirectory() as tmp:
             model, _ = load_model("builtin:tiny-random")
             params = lora_parameters(4, 10.0, 0.3, None)
@@ -502,7 +502,7 @@ class StartFromAdapter(unittest.TestCase):
     def test_train_layers_updates_only_the_last_blocks_and_saves_every_lora_weight(self):
         """lora.train_layers 1: the last block's LoRA weights move, the others stay bitwise as the adapter had
         them, and the saved adapter (and checkpoint) still holds all of them; resuming restores the same split."""
-        from wordle_mlx.llm.lora import adapter_config, save_adapters
+        from wordle_mlx.llm.model.lora import adapter_config, save_adapters
         with tempfile.TemporaryDirectory() as tmp:
             model, _ = tiny_policy(7)
             # a started adapter: nonzero lora_b everywhere, so the frozen blocks' values are not trivially zero

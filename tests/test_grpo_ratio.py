@@ -14,10 +14,10 @@ import unittest
 import mlx.core as mx
 from mlx.utils import tree_map
 
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_shared_batch)
-from wordle_mlx.llm.grpo_step import UpdateSettings, policy_update
-from wordle_mlx.llm.models import load_model
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_shared_batch)
+from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
+from wordle_mlx.llm.model.models import load_model
 
 from tests.dtype_models import sampled_items, tiny_model_in
 

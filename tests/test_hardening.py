@@ -30,10 +30,10 @@ from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import candidates
 from wordle_mlx.game.splits import split_words
 from wordle_mlx.game.words import answers, guess_list
-from wordle_mlx.llm import grpo_step
-from wordle_mlx.llm.generation import Completion
-from wordle_mlx.llm.models import load_model
-from wordle_mlx.llm.rollout import GameSpec
+from wordle_mlx.llm.training import grpo_step
+from wordle_mlx.llm.play.generation import Completion
+from wordle_mlx.llm.model.models import load_model
+from wordle_mlx.llm.play.rollout import GameSpec
 from wordle_mlx.stages import data, evaluate, grpo, sft
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,7 +223,7 @@ class ScriptedPolicy:
             ids, finish = ids[: self.max_tokens], "length"
             ScriptedPolicy.truncated += 1
             text = self.tok.decode(ids)
-        from wordle_mlx.llm.prompts import parse_reply
+        from wordle_mlx.llm.play.prompts import parse_reply
         parsed = parse_reply(text, cfg.prompt.require_think, ALLOWED)
         if parsed.error is None:
             self.history.append((parsed.guess, feedback(parsed.guess, self.secret)))

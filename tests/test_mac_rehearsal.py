@@ -1,6 +1,6 @@
 """The Mac rehearsal: every stage on tiny checkpoints laid out like mlx-community/gemma-3-4b-it-bf16 and -4bit.
 
-For each layout (float32, bfloat16, 4-bit made by mlx-lm's own quantizer; `llm/mac_layouts.py`) one class
+For each layout (float32, bfloat16, 4-bit made by mlx-lm's own quantizer; `llm/model/mac_layouts.py`) one class
 runs `data`, `sft` (gradient checkpointing on), `train` (GRPO), `eval`, `play` and `fuse` with the 4B recipe's
 own configs from config/gemma3-4b/, changing only the model path, the dtype for the float32 layout, the
 output folders and the sizes (steps, batch, games, tokens), then loads the adapter and the fused folder with
@@ -41,7 +41,7 @@ class MacRehearsal:
 
     @classmethod
     def setUpClass(cls):
-        from wordle_mlx.llm.mac_layouts import make_mac_layout
+        from wordle_mlx.llm.model.mac_layouts import make_mac_layout
 
         cls.root = Path(tempfile.mkdtemp(prefix=f"wordle-mlx-mac-{cls.KIND}-"))
         cls.model = str(make_mac_layout(cls.root / "model", cls.KIND))
@@ -95,7 +95,7 @@ class MacRehearsal:
             "rl.max_invalid_replies": 1, "game_eval.every": 0, "game_eval.keep": "last"}))
 
         def run():
-            from wordle_mlx.llm import generation
+            from wordle_mlx.llm.play import generation
             with mock.patch.object(generation, "BatchedGenerator", first_reply_a_word(generation.BatchedGenerator)):
                 return grpo.run(load_config(cfg, grpo.GRPOConfig))
         return self.once("train", run)

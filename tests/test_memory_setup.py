@@ -1,4 +1,4 @@
-"""The Metal memory setup (`llm/memory.py`): the limits it sets on a Mac, and that it does nothing on CPU."""
+"""The Metal memory setup (`llm/model/memory.py`): the limits it sets on a Mac, and that it does nothing on CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from unittest import mock
 
 import mlx.core as mx
 
-from wordle_mlx.llm import memory, models
+from wordle_mlx.llm.model import memory, models
 
 WORKING_SET = 16_000_000_000
 

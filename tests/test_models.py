@@ -20,8 +20,8 @@ import mlx_lm
 import numpy as np
 
 from wordle_mlx.errors import UserError
-from wordle_mlx.llm import models
-from wordle_mlx.llm.tiny_model import TAG_TOKENS, make_tiny_model_dir
+from wordle_mlx.llm.model import models
+from wordle_mlx.llm.model.tiny_model import TAG_TOKENS, make_tiny_model_dir
 
 MESSAGES = [{"role": "system", "content": "You play Wordle."},
             {"role": "user", "content": "Guess a word."},
@@ -221,15 +221,15 @@ class ImportStageTest(unittest.TestCase):
                 self.assertIn(fragment, str(ctx.exception))
             not_gguf = Path(tmp, "fake.gguf")
             not_gguf.write_bytes(b"not a gguf file at all")
-            from wordle_mlx.llm.gguf_import import import_gguf
+            from wordle_mlx.llm.model.gguf_import import import_gguf
             with self.assertRaises(UserError):
                 import_gguf(not_gguf, Path(tmp, "o2"))
 
     def test_quantize_weights_close_to_float(self):
         from mlx.utils import tree_flatten
 
-        from wordle_mlx.llm.gguf_import import quantize_weights
-        from wordle_mlx.llm.tiny_model import TINY_CONFIG, tiny_weights
+        from wordle_mlx.llm.model.gguf_import import quantize_weights
+        from wordle_mlx.llm.model.tiny_model import TINY_CONFIG, tiny_weights
 
         weights = tiny_weights(0)
         qweights, qconfig = quantize_weights(dict(TINY_CONFIG), weights, 8, 32)
@@ -313,7 +313,7 @@ class Gemma270mTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        from wordle_mlx.llm.gguf_import import bundled_gemma_270m_gguf
+        from wordle_mlx.llm.model.gguf_import import bundled_gemma_270m_gguf
 
         cls.path = models.resolve_model("builtin:gemma-3-270m", dtype="float32")
         cls.model, cls.tokenizer = models.load_model(str(cls.path))

@@ -213,7 +213,7 @@ class PlanStageTest(unittest.TestCase):
         """No model on disk, no --model-config: the 4B recipe's configs plan from the known dimensions, which
         are the ones of the Mac-layout rehearsal checkpoint."""
         from wordle_mlx.gemma3_sizes import known_config
-        from wordle_mlx.llm.mac_layouts import TEXT_CONFIG_4B
+        from wordle_mlx.llm.model.mac_layouts import TEXT_CONFIG_4B
 
         known = known_config("mlx-community/gemma-3-4b-it-bf16")["text_config"]
         self.assertEqual({k: v for k, v in TEXT_CONFIG_4B.items() if k in known}, known)
@@ -255,8 +255,8 @@ class PlanStageTest(unittest.TestCase):
         from mlx.utils import tree_flatten
 
         from wordle_mlx.config import load_config
-        from wordle_mlx.llm import lora
-        from wordle_mlx.llm.models import load_model
+        from wordle_mlx.llm.model import lora
+        from wordle_mlx.llm.model.models import load_model
         from wordle_mlx.stages import grpo
 
         path = write_json(self.tmp, "grpo.json", {"model": {"name": "builtin:tiny-random"},

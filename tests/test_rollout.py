@@ -9,10 +9,10 @@ import mlx.core as mx
 import numpy as np
 
 from wordle_mlx.game.words import guess_list
-from wordle_mlx.llm.generation import BatchedGenerator, Completion, SamplingConfig, policy_logprobs
-from wordle_mlx.llm.models import load_model
-from wordle_mlx.llm.prompts import MISSING_GUESS, NOT_A_WORD, NOT_FIVE_LETTERS, PromptConfig
-from wordle_mlx.llm.rollout import (GameSpec, RolloutConfig, play_games, policy_logprob_temperature,
+from wordle_mlx.llm.play.generation import BatchedGenerator, Completion, SamplingConfig, policy_logprobs
+from wordle_mlx.llm.model.models import load_model
+from wordle_mlx.llm.play.prompts import MISSING_GUESS, NOT_A_WORD, NOT_FIVE_LETTERS, PromptConfig
+from wordle_mlx.llm.play.rollout import (GameSpec, RolloutConfig, play_games, policy_logprob_temperature,
                                     prompt_token_ids, sample_replies)
 
 ALLOWED = frozenset(guess_list())
@@ -190,7 +190,7 @@ class TestStopping(unittest.TestCase):
 
 class TestInverseCdfSampler(unittest.TestCase):
     def test_samples_follow_softmax_at_the_temperature_and_repeat_with_the_seed(self):
-        from wordle_mlx.llm.generation import inverse_cdf_sampler
+        from wordle_mlx.llm.play.generation import inverse_cdf_sampler
         logits = mx.array([[2.0, 1.0, 0.0, -1.0, -30.0, 0.5]])
         for temperature in (1.0, 0.7):
             sample = inverse_cdf_sampler(temperature)
@@ -268,7 +268,7 @@ class TestTinyModelRollouts(unittest.TestCase):
         equal a separate greedy call (tokens, and T = 1 log-probs), the samples are still sampled, and each
         prompt is prefilled once for its G + 1 rows."""
         from wordle_mlx.game.state import GameState
-        from wordle_mlx.llm.rollout import sample_replies_and_greedy
+        from wordle_mlx.llm.play.rollout import sample_replies_and_greedy
         model, tok = tiny()
         cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.7, seed=1, decode="free")
         greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
@@ -297,7 +297,7 @@ class TestTinyModelRollouts(unittest.TestCase):
         log_softmax(logits / T) at them, as a teacher-forced recomputation at T gives; another backend
         cannot when T != 1."""
         from wordle_mlx.game.state import GameState
-        from wordle_mlx.llm.rollout import sample_replies_and_greedy
+        from wordle_mlx.llm.play.rollout import sample_replies_and_greedy
         model, tok = tiny()
         cfg = RolloutConfig(max_tokens_per_turn=6, temperature=0.5, seed=1, decode="free")
         prompts = [prompt_token_ids(tok, cfg, GameState("crane")),

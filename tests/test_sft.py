@@ -16,9 +16,9 @@ from mlx.utils import tree_flatten
 
 from wordle_mlx.config import load_config, validate_config
 from wordle_mlx.errors import UserError
-from wordle_mlx.llm import lora
-from wordle_mlx.llm.models import load_model, resolve_model
-from wordle_mlx.llm.sft_loss import loss_sum, make_batch
+from wordle_mlx.llm.model import lora
+from wordle_mlx.llm.model.models import load_model, resolve_model
+from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import data, fuse, sft
 
@@ -123,7 +123,7 @@ class SFTTest(unittest.TestCase):
         self.assertTrue((run_dir / "config.json").is_file())
         self.assertEqual((run_dir / "checkpoints" / "latest").read_text().strip(), "step_000012")
         # the adapter records the prompts it was trained on, and eval/play use them unless told otherwise
-        from wordle_mlx.llm.prompts import PromptConfig, adapter_prompt, choose_prompt
+        from wordle_mlx.llm.play.prompts import PromptConfig, adapter_prompt, choose_prompt
         trained = json.loads((self.root / "data" / "stats.json").read_text())["prompt"]
         self.assertEqual(adapter_prompt(run_dir / "adapters").model_dump(), trained)
         compact = PromptConfig(style="compact")
@@ -290,7 +290,7 @@ class SFTTest(unittest.TestCase):
             validate_config({"grammar_loss": True, "decode": "words"}, sft.SFTConfig, "x.json")
 
     def test_data_without_stats_json_must_use_the_default_prompt(self):
-        from wordle_mlx.llm.prompts import PromptConfig, system_prompt
+        from wordle_mlx.llm.play.prompts import PromptConfig, system_prompt
         records = data.read_sft_jsonl(self.root / "data" / "train.jsonl")
         full = system_prompt(PromptConfig(style="full", require_think=True, guess_format="word"))
         for name, system in (("nostats_default", system_prompt(PromptConfig())), ("nostats_full", full)):
@@ -306,7 +306,7 @@ class SFTTest(unittest.TestCase):
             sft.load_data(self.config("b", data=str(self.root / "nostats_full")))
 
     def test_broken_adapter_prompt_is_a_one_line_error(self):
-        from wordle_mlx.llm.prompts import ADAPTER_PROMPT_KEY, adapter_prompt
+        from wordle_mlx.llm.play.prompts import ADAPTER_PROMPT_KEY, adapter_prompt
         folder = self.root / "bad_prompt"
         folder.mkdir()
         params = lora.lora_parameters(4, 20.0, 0.0, None)

@@ -1,11 +1,11 @@
-"""GRPO step metrics (`llm/step_metrics.py`): counts from several ranks combine to the rates of all their games."""
+"""GRPO step metrics (`llm/training/step_metrics.py`): counts from several ranks combine to the rates of all their games."""
 
 import unittest
 
 from wordle_mlx.game.state import GameState
-from wordle_mlx.llm.episode import Episode, Turn
-from wordle_mlx.llm.prompts import MISSING_GUESS, NOT_A_WORD
-from wordle_mlx.llm.step_metrics import game_counts, rates_from_counts, value_stats
+from wordle_mlx.llm.play.episode import Episode, Turn
+from wordle_mlx.llm.play.prompts import MISSING_GUESS, NOT_A_WORD
+from wordle_mlx.llm.training.step_metrics import game_counts, rates_from_counts, value_stats
 
 
 def turn(guess, error=None, repeated=False):

@@ -291,7 +291,7 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
     """Merge a LoRA adapter into the base weights; verified against the adapter model before it is kept.
 
     The output is a text-only mlx-lm folder: a multimodal base's vision part (vision tower, projector,
-    vision_config) is dropped. The check's limit comes from the dtype and the quantization (llm/fuse_bounds.py)."""
+    vision_config) is dropped. The check's limit comes from the dtype and the quantization (llm/model/fuse_bounds.py)."""
     from .stages import fuse as stage
     cfg = load_config(None, stage.FuseConfig, {"model": model, "adapter": str(adapter), "out": str(out),
                                                 "dtype": dtype, "dequantize": dequantize, "overwrite": overwrite})

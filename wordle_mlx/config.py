@@ -18,21 +18,38 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Type, TypeVar
+from typing import Any, ClassVar, Type, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .errors import UserError
 
 M = TypeVar("M", bound="StrictModel")
-MODEL_SPEC_HELP = ("Model spec (see llm/models.py): builtin:NAME, a Hub id, or a folder, which like the CLI's --model is "
+MODEL_SPEC_HELP = ("Model spec (see llm/model/models.py): builtin:NAME, a Hub id, or a folder, which like the CLI's --model is "
                    "relative to the working directory, not to the config file.")
 
 
 class StrictModel(BaseModel):
+    """A config section: unknown fields are refused. `RENAMED` maps a field's old name to where it lives now (a
+    dotted path from the top of the config) and `REMOVED` a removed field to the reason; a config that still uses
+    one gets a one-line error naming the new place or the reason, instead of "unknown field"."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
+    RENAMED: ClassVar[dict[str, str]] = {}
+    REMOVED: ClassVar[dict[str, str]] = {}
     _base_dir: Path | None = PrivateAttr(default=None)
     _source: str = PrivateAttr(default="")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in cls.RENAMED.items():
+                if old in data:
+                    raise ValueError(f"{old} is now {new}")
+            for old, why in cls.REMOVED.items():
+                if old in data:
+                    raise ValueError(f"{old} was removed: {why}")
+        return data
 
 
 class LoraConfig(StrictModel):
@@ -58,7 +75,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     errors = err.errors()
     first = errors[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")
     if first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # models / dataclass sections
         msg = "unknown field"
     got = f" (got {_short(first['input'])})" if "input" in first and first["type"] != "missing" else ""

@@ -142,7 +142,7 @@ def batch_cache_width(prompt_tokens: int, reply_tokens: int) -> int:
 
 
 def letter_decode_bytes(d: ModelDims, rows: int, distinct: int, prompt_tokens: int, batch: int) -> dict[str, int]:
-    """Grammar / words decoding (`llm/letter_decoder.py`), which decodes `rows` replies in chunks of `batch`: the
+    """Grammar / words decoding (`llm/play/letter_decoder.py`), which decodes `rows` replies in chunks of `batch`: the
     keys and values of the shared start and of each distinct prompt, exactly as long as they are, then each
     chunk row's own copy of its prompt's and letters' keys and values; the transient of a chunk's prefill (its
     prompts through one block: the MLP's gate, up and product and the attention scores in float32); 26-entry

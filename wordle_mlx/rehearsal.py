@@ -1,4 +1,4 @@
-"""What rehearsing the 4B recipe on random checkpoints needs besides the checkpoints (`llm/mac_layouts.py`).
+"""What rehearsing the 4B recipe on random checkpoints needs besides the checkpoints (`llm/model/mac_layouts.py`).
 
 `recipe_config(name, **changes)` reads a config/gemma3-4b/ file with dotted-key changes (the model path, the
 output folders, smaller sizes). `first_reply_a_word(sampler_class)` wraps the sampler so that the first reply
@@ -33,8 +33,8 @@ def recipe_config(name: str, **changes) -> dict:
 def first_reply_a_word(base):
     """A subclass of the sampler `base` whose first reply to each distinct prompt is a well-formed guess:
     `<guess> c r a n e</guess>`, or the next of WORDS not already on that board."""
-    from .llm.generation import Completion
-    from .llm.reply_grammar import LETTERS
+    from .llm.play.generation import Completion
+    from .llm.play.reply_grammar import LETTERS
 
     class FirstReplyAWord(base):
         def __call__(self, prompts, cfg, *args, excluded=None, **kwargs):

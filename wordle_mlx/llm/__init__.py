@@ -1,7 +1,10 @@
-"""Everything that touches MLX language models: finding, importing, building and loading them.
+"""Everything that touches MLX, in three folders; a change to one of them starts there.
 
-`models.resolve_model` / `models.load_model` turn a model spec (a Hugging Face repo id, a local MLX
-folder, a `.gguf` file, `builtin:gemma-3-270m` or `builtin:tiny-random`) into a loaded mlx-lm model and
-tokenizer; `gguf_import` converts llama.cpp GGUF files into mlx-lm folders; `tokenizer_build` writes
-Gemma-style Hugging Face tokenizer files; `tiny_model` makes a tiny random Gemma 3 for fast tests.
+- `model/`: the model files and their arithmetic. Specs to loaded (model, tokenizer) pairs (`models`), GGUF import
+  and export, tokenizer building, the tiny test model and the Mac layouts, LoRA adapters and checkpoints, fuse
+  bounds, logits at selected positions, the CPU GELU and Metal memory settings.
+- `play/`: prompts and the reply parser, decoding (free, grammar, words: `reply_grammar`, `letter_decoder`,
+  `generation`), the multi-turn rollout engine and the episodes it leaves, candidate scores, the GBNF export.
+- `training/`: the SFT and GRPO losses, group advantages, the GRPO step (rollout, then update), step metrics and
+  data parallelism over `mx.distributed`.
 """

@@ -6,7 +6,7 @@ of view, and a 270M model on a CPU budget does not fit them: trained on the teac
 reached itself (a DAgger round), it won 29 of 320 *train* secrets. Any answer that fits the clues is a good move
 (hard-mode play with consistent answers wins nearly every game), so this stage keeps the rule and changes the
 label: on each board the target is the candidate answer (the answers consistent with the feedback, as the teacher
-uses) to which the model gives the highest sequence log-probability (`llm/candidate_scores.py`, prompt run once per
+uses) to which the model gives the highest sequence log-probability (`llm/play/candidate_scores.py`, prompt run once per
 board): under `decode` grammar (the default) the log-probability of its 5 letters among the 26 letter tokens
 (grammar decoding's policy), under words that of its 5 letters each among the letters that continue an allowed word
 off the board (words decoding's policy), under free that of the whole reply over the vocabulary. Optionally the
@@ -36,8 +36,8 @@ from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES, check_guess
 from ..game.words import answers
-from ..llm.prompts import PromptConfig, build_messages, choose_prompt, format_reply
-from ..llm.reply_grammar import DecodeMode, LetterGrammar, WordTrie, effective_mode
+from ..llm.play.prompts import PromptConfig, build_messages, choose_prompt, format_reply
+from ..llm.play.reply_grammar import DecodeMode, LetterGrammar, WordTrie, effective_mode
 from ..progress import console, progress_bar
 from .data import invalid_reply, teacher_guess, write_checked_sft
 from .entropy import load_table
@@ -106,7 +106,7 @@ class ChoiceLabeler:
             if len(words) == 1:
                 self.memo[key] = (words[0], 1, None)
             else:
-                from ..llm.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
+                from ..llm.play.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
 
                 messages = self.messages(list(history))
                 prompt_ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -180,7 +180,7 @@ def played_secrets(cfg, splits: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def run(cfg: ChoiceConfig) -> dict:
-    from ..llm.models import load_model
+    from ..llm.model.models import load_model
 
     out = resolve_path(cfg, cfg.out).resolve()
     adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None

@@ -31,7 +31,7 @@ from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
-from ..llm.prompts import PromptConfig, build_messages, format_reply
+from ..llm.play.prompts import PromptConfig, build_messages, format_reply
 from ..progress import console
 from .data import read_sft_jsonl, write_checked_sft
 from .entropy import load_table

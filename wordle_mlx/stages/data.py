@@ -33,7 +33,7 @@ from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
 from ..game.thinking import ThinkStyle, think_text
-from ..llm.prompts import (NOT_A_WORD, NOT_FIVE_LETTERS, REPLY_ERRORS, PromptConfig, TurnText, build_messages,
+from ..llm.play.prompts import (NOT_A_WORD, NOT_FIVE_LETTERS, REPLY_ERRORS, PromptConfig, TurnText, build_messages,
                            format_reply, parse_reply)
 from ..metrics import read_jsonl
 from ..progress import console, progress_bar
@@ -127,7 +127,7 @@ def load_tokenizer_for(spec: str):
     """The tokenizer of model `spec`, loaded once per run (the word set and the target counts share it)."""
     from mlx_lm.utils import load_tokenizer
 
-    from ..llm.models import resolve_model
+    from ..llm.model.models import resolve_model
     return load_tokenizer(resolve_model(spec))
 
 

@@ -3,14 +3,14 @@
 Loads the base model with the LoRA adapter (mlx-lm's loader), and writes every text weight of the
 Gemma 3 model with the LoRA fused in float32 (W + scale * B^T A^T, as mlx-lm's `fuse` computes it, but
 in float32 whatever the base dtype; a 4-bit base is dequantised first), one tensor at a time, through
-`llm.gguf_export` as f32, f16 or q8_0. Only text weights are written: a Gemma 3 4B folder's vision
+`llm.model.gguf_export` as f32, f16 or q8_0. Only text weights are written: a Gemma 3 4B folder's vision
 tower and projector are left out, and the output says so. The tokenizer comes from the bundled GGUF
 for `builtin:gemma-3-270m`, from the source `.gguf` for GGUF models, from `tokenizer.model`
 (SentencePiece) of a model folder when it has one, else from its `tokenizer.json`. The GGUF also
 records the adapter's prompt format (`wordle_mlx.prompt`, `wordle_mlx.system_prompt`) and, when the adapter records
 them, the decoding it was trained for and whether its reply tags were trained (`wordle_mlx.decode`,
 `wordle_mlx.trained_tags`). Beside it go a GBNF grammar for the decoding the adapter records (`grammar` when it
-records none): `NAME.gbnf` (`llm.gbnf`), usage notes for llama.cpp and llama-cpp-python (`NAME.llamacpp.md`) and,
+records none): `NAME.gbnf` (`llm.play.gbnf`), usage notes for llama.cpp and llama-cpp-python (`NAME.llamacpp.md`) and,
 for a player that can play free, the Ollama Modelfile (`NAME.Modelfile`; `export_files`). Ollama takes no grammar:
 an adapter that records that its reply tags were never trained gets no Modelfile (with a one-line warning), and
 `--ollama` with such an adapter is refused before anything is written. Every file is written to a temporary
@@ -132,14 +132,14 @@ def text_weight_sources(text, vocab_size: int) -> list[tuple]:
 
 
 def export_vocab(spec: str, folder: Path | None):
-    from ..llm.gguf_export import Vocab, folder_vocab, vocab_from_gguf
-    from ..llm.gguf_import import bundled_gemma_270m_gguf
-    from ..llm.models import BUILTIN_PREFIX
+    from ..llm.model.gguf_export import Vocab, folder_vocab, vocab_from_gguf
+    from ..llm.model.gguf_import import bundled_gemma_270m_gguf
+    from ..llm.model.models import BUILTIN_PREFIX
 
     if spec == BUILTIN_PREFIX + "gemma-3-270m":
         return vocab_from_gguf(bundled_gemma_270m_gguf())
     if spec == BUILTIN_PREFIX + "tiny-random":
-        from ..llm.tiny_model import tiny_vocab
+        from ..llm.model.tiny_model import tiny_vocab
         return Vocab(*tiny_vocab(), source=spec)
     if spec.lower().endswith(".gguf"):
         return vocab_from_gguf(Path(spec).expanduser())
@@ -189,12 +189,12 @@ def ollama_choice(cfg: ExportConfig, adapter: Path, recorded: str | None, traine
 def run(cfg: ExportConfig) -> dict:
     from ..fileio import atomic_path
     from ..game.words import guess_list
-    from ..llm.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
-    from ..llm.gguf_export import text_args, write_gguf
-    from ..llm.models import load_model, resolve_model
-    from ..llm.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
-    from ..llm.reply_grammar import adapter_decoding, effective_mode
-    from ..llm.tokenizer_build import GEMMA3_CHAT_TEMPLATE
+    from ..llm.play.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
+    from ..llm.model.gguf_export import text_args, write_gguf
+    from ..llm.model.models import load_model, resolve_model
+    from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
+    from ..llm.play.reply_grammar import adapter_decoding, effective_mode
+    from ..llm.model.tokenizer_build import GEMMA3_CHAT_TEMPLATE
 
     start = time.perf_counter()
     out, adapter = resolve_path(cfg, cfg.out), resolve_path(cfg, cfg.adapter)

@@ -3,7 +3,7 @@
 Loads the base model with the adapter (mlx-lm's loader), computes logits on a fixed batch (a rendered
 Wordle prompt), replaces every LoRA layer by its `fuse()`d layer (W + scale * B^T A^T) and checks each fused
 weight, element by element, against that sum computed exactly in float32, within what rounding to the
-output's dtype or re-quantization allows (`llm/fuse_bounds.py`). A quantized base is re-quantized by
+output's dtype or re-quantization allows (`llm/model/fuse_bounds.py`). A quantized base is re-quantized by
 default, as mlx-lm does (lossy: one more quantization step on every adapted layer); `dequantize` writes
 every weight in the base's float dtype (or `dtype`) instead, without the quantization config. The model is
 saved with `mlx_lm.utils.save` (weights, config, tokenizer files with the chat template) into a temporary
@@ -29,12 +29,12 @@ from pydantic import Field
 
 from ..config import StrictModel, display_path
 from ..errors import UserError
-from ..llm.grpo_loss import lora_disabled
+from ..llm.training.grpo_loss import lora_disabled
 
 
 def use_fast_gelu_like(fresh, loaded_by_us):
-    """`fresh` (loaded by plain mlx-lm) with the GELU kernel `loaded_by_us` (`llm.models.load_model`) uses."""
-    from ..llm.cpu_kernels import use_fast_gelu
+    """`fresh` (loaded by plain mlx-lm) with the GELU kernel `loaded_by_us` (`llm.model.models.load_model`) uses."""
+    from ..llm.model.cpu_kernels import use_fast_gelu
 
     if any(type(m).__name__.startswith("FastGelu") for _, m in loaded_by_us.named_modules()):
         use_fast_gelu(fresh)
@@ -59,7 +59,7 @@ VISION_NOTE = "vision part dropped: the fused model is text-only (mlx-lm loads G
 
 def check_batch(tokenizer) -> list[int]:
     """Token ids of a fixed prompt (a board with two guesses) rendered with the chat template."""
-    from ..llm.prompts import PromptConfig, build_messages
+    from ..llm.play.prompts import PromptConfig, build_messages
 
     messages = build_messages(PromptConfig(), [("soare", "XXYXG"), ("clint", "YXXXX")])
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
@@ -102,8 +102,8 @@ def run(cfg: FuseConfig) -> dict:
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _download, dequantize_model, load_config as load_model_config, save
 
-    from ..llm.fuse_bounds import logits_limit, unit_roundoff, weight_error
-    from ..llm.models import load_model, resolve_model
+    from ..llm.model.fuse_bounds import logits_limit, unit_roundoff, weight_error
+    from ..llm.model.models import load_model, resolve_model
 
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:

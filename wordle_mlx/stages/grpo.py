@@ -4,7 +4,7 @@ Each step draws B prompts (a train-split secret and a seeded board, generated on
 `seeding.seed_history`), rolls them out G times in one lockstep batch
 (`episode` mode) or samples G replies per turn of one trajectory (`turn` mode), scores them with
 `game/rewards.py`, and makes one clipped-ratio policy-gradient update of the LoRA weights
-(`llm/grpo_step.py`, `llm/grpo_loss.py`). Unlike textbook GRPO there is one update per batch, so the old
+(`llm/training/grpo_step.py`, `llm/training/grpo_loss.py`). Unlike textbook GRPO there is one update per batch, so the old
 log-probs are the update's own float32 forward pass under `stop_gradient` (as TRL does with one iteration):
 the ratio is exactly 1 whatever the model's dtype and the clip never binds. Zero-variance groups are dropped
 rather than trained on zero advantage, and the reference for the optional KL term is the same model with LoRA off.
@@ -44,10 +44,10 @@ from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from ..stop_signals import StopSignals, agreed_stop
 from .entropy import load_table
-from ..llm.prompts import ADAPTER_PROMPT_KEY, choose_prompt
-from ..llm.reply_grammar import (LetterChoices, LetterGrammar, WordTrie, adapter_decoding, decoding_record,
+from ..llm.play.prompts import ADAPTER_PROMPT_KEY, choose_prompt
+from ..llm.play.reply_grammar import (LetterChoices, LetterGrammar, WordTrie, adapter_decoding, decoding_record,
                                  effective_mode)
-from ..llm.rollout import GameSpec, RolloutConfig
+from ..llm.play.rollout import GameSpec, RolloutConfig
 from .grpo_config import GRPOConfig
 
 
@@ -110,8 +110,8 @@ class PromptSource:
 
 def load_policy(cfg: GRPOConfig):
     """(model, tokenizer, adapter_config): the model with trainable LoRA, from the base or an SFT adapter."""
-    from ..llm.lora import adapter_config, apply_lora, freeze_lora_below, lora_parameters
-    from ..llm.models import load_model
+    from ..llm.model.lora import adapter_config, apply_lora, freeze_lora_below, lora_parameters
+    from ..llm.model.models import load_model
 
     adapter = str(resolve_path(cfg, cfg.model.start_adapter)) if cfg.model.start_adapter else None
     model, tokenizer = load_model(cfg.model.name, adapter_path=adapter, dtype=cfg.model.dtype)
@@ -154,9 +154,9 @@ def make_optimizer(cfg: GRPOConfig):
 
 def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: frozenset, step: int, world) -> dict:
     """Play the fixed validation words (each rank its share, results gathered in the words' order)."""
-    from ..llm.distributed import interleave
-    from ..llm.step_metrics import game_counts, rates_from_counts
-    from ..llm.rollout import play_games
+    from ..llm.training.distributed import interleave
+    from ..llm.training.step_metrics import game_counts, rates_from_counts
+    from ..llm.play.rollout import play_games
 
     rcfg = rollout_config(cfg, 0.0, step_seed(cfg.training.seed, 0, 1))
     mine = world.shard(words)
@@ -171,13 +171,13 @@ def validate(model, tokenizer, cfg: GRPOConfig, words: list[str], allowed: froze
 def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     import mlx.core as mx
 
-    from ..llm import grpo_step, step_metrics
-    from ..llm.generation import BatchedGenerator
-    from ..llm.grpo_loss import LossSettings
-    from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
-    from ..llm.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
-    from ..llm.logits import set_grad_checkpoint
-    from ..llm.memory import configure_metal_memory, free_cache
+    from ..llm.training import grpo_step, step_metrics
+    from ..llm.play.generation import BatchedGenerator
+    from ..llm.training.grpo_loss import LossSettings
+    from ..llm.training.distributed import NullWriter, check_world_size, init_world, write_weights_hash
+    from ..llm.model.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
+    from ..llm.model.logits import set_grad_checkpoint
+    from ..llm.model.memory import configure_metal_memory, free_cache
 
     if cfg.model.start_adapter:   # play with the prompts the SFT adapter was trained on, unless rl.prompt is set
         prompt = choose_prompt(cfg.rl.prompt, "prompt" in cfg.rl.model_fields_set, resolve_path(cfg, cfg.model.start_adapter))

@@ -20,8 +20,8 @@ from ..config import MODEL_SPEC_HELP, LoraConfig, StrictModel
 from ..game.rewards import RewardWeights
 from ..game.seeding import HistoryPolicy
 from ..game.state import MAX_GUESSES
-from ..llm.prompts import PromptConfig
-from ..llm.reply_grammar import DECODE_HELP, DecodeMode
+from ..llm.play.prompts import PromptConfig
+from ..llm.play.reply_grammar import DECODE_HELP, DecodeMode
 
 
 class ModelSection(StrictModel):

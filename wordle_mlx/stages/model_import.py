@@ -14,7 +14,7 @@ from typing import Literal, Optional
 
 from ..config import StrictModel, resolve_path
 from ..errors import UserError
-from ..llm.models import BUILTIN_PREFIX, BUILTINS, building_dir, check_dtype, describe_model_dir
+from ..llm.model.models import BUILTIN_PREFIX, BUILTINS, building_dir, check_dtype, describe_model_dir
 from ..progress import console
 
 
@@ -29,7 +29,7 @@ class ModelImportConfig(StrictModel):
 
 def import_to_cache(cfg: ModelImportConfig, start: float) -> dict:
     """Import once into the user cache, exactly where `--model SOURCE` looks; a second call is a no-op."""
-    from ..llm.models import resolve_model
+    from ..llm.model.models import resolve_model
 
     if cfg.q_bits is not None:
         raise UserError("--q-bits needs --out DIR (the cache holds the unquantised import)")
@@ -46,8 +46,8 @@ def import_to_cache(cfg: ModelImportConfig, start: float) -> dict:
 
 
 def run(cfg: ModelImportConfig) -> dict:
-    from ..llm.gguf_import import bundled_gemma_270m_gguf, import_gguf
-    from ..llm.tiny_model import make_tiny_model_dir
+    from ..llm.model.gguf_import import bundled_gemma_270m_gguf, import_gguf
+    from ..llm.model.tiny_model import make_tiny_model_dir
 
     start = time.perf_counter()
     if cfg.out is None:

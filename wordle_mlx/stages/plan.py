@@ -63,7 +63,7 @@ def stage_config(path: str):
 def model_config_dict(spec: str, explicit: str | None) -> dict:
     """The model's config.json as a dict: --model-config, a folder, a builtin, the Hugging Face cache, or the
     known dimensions of a Gemma 3 repo id (before the download)."""
-    from ..llm.models import BUILTIN_PREFIX, HF_REPO_PATTERN, resolve_model
+    from ..llm.model.models import BUILTIN_PREFIX, HF_REPO_PATTERN, resolve_model
 
     if explicit is not None:
         path = Path(explicit)
@@ -131,7 +131,7 @@ def model_dims(config: dict, dtype: str | None, source: str, metal: bool) -> mp.
 def prompt_token_estimate(prompt) -> int:
     """Tokens of the longest prompt (five guesses on the board and a retry note), from its characters."""
     from ..game.feedback import feedback
-    from ..llm.prompts import build_messages
+    from ..llm.play.prompts import build_messages
 
     history = [(g, feedback(g, "vivid")) for g in ("crane", "pouty", "sight", "blimp", "fjord")]
     chars = sum(len(m["content"]) for m in build_messages(prompt, history, last_error=("not_a_word", "xxxxx")))
@@ -222,7 +222,7 @@ def grpo_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.GRPONumbers, str]:
 
 def decode_mode(mode: str, prompt) -> str:
     """The decoding a stage really uses: free for a format with free text (`reply_grammar.effective_mode`)."""
-    from ..llm.reply_grammar import effective_mode
+    from ..llm.play.reply_grammar import effective_mode
 
     return effective_mode(mode, prompt, False)
 
@@ -242,7 +242,7 @@ def eval_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.DecodeNumbers, str]
 
 def self_play_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.DecodeNumbers, str]:
     """A self-play config: one board at a time, its fitting answers scored score_chunk at a time."""
-    from ..llm.prompts import PromptConfig
+    from ..llm.play.prompts import PromptConfig
 
     prompt_cfg = cfg.prompt or PromptConfig()
     rank, num_layers, keys = adapter_layout(cfg, cfg.adapter, 0, -1, None)
@@ -286,7 +286,7 @@ def with_batch(kind: str, numbers, n: int):
 
 def this_machine_working_set() -> tuple[float, str]:
     """(bytes, where from): Metal's recommended working set, else this machine's RAM."""
-    from ..llm.models import metal_available
+    from ..llm.model.models import metal_available
 
     if metal_available():
         import mlx.core as mx
@@ -296,7 +296,7 @@ def this_machine_working_set() -> tuple[float, str]:
 
 
 def build_plan(kind: str, cfg, model_config: str | None = None, prompt_tokens: int | None = None):
-    from ..llm.models import metal_available
+    from ..llm.model.models import metal_available
 
     spec, dtype, numbers_of, batch_field = stage_parts(kind, cfg)
     source = model_config or f"model {spec!r} config.json"

@@ -3,7 +3,7 @@
 Reads `train.jsonl`/`valid.jsonl` from `wordle-mlx data`, renders each record with the tokenizer's
 chat template (exactly what the rollout engine feeds the model) and trains LoRA adapters (mlx-lm's
 layers; the base is frozen) with a small loop of our own: cross-entropy on assistant tokens only,
-projected onto the vocabulary only at those positions (`llm/sft_loss.py`), batches built from
+projected onto the vocabulary only at those positions (`llm/training/sft_loss.py`), batches built from
 length-sorted examples in a per-epoch shuffled order, gradient accumulation, global-norm clipping, AdamW
 with linear warmup then cosine decay. Every `valid_every` steps it logs the validation loss, every
 `game_eval.every` steps it plays a few valid-split games with the rollout engine, every `save_every`
@@ -32,10 +32,10 @@ from mlx.utils import tree_map
 from ..config import config_hash, config_relative_path, display_path, read_json_file, resolve_path
 from ..errors import UserError
 from ..fileio import remove_tree, write_json_atomic
-from ..llm import lora
-from ..llm.prompts import FORMAT_ERRORS, PromptConfig, system_prompt
-from ..llm.reply_grammar import adapter_decoding, decoding_record
-from ..llm.sft_loss import LetterLoss, SFTBatch, letter_loss, loss_sum, make_batch
+from ..llm.model import lora
+from ..llm.play.prompts import FORMAT_ERRORS, PromptConfig, system_prompt
+from ..llm.play.reply_grammar import adapter_decoding, decoding_record
+from ..llm.training.sft_loss import LetterLoss, SFTBatch, letter_loss, loss_sum, make_batch
 from ..metrics import MetricsWriter, truncate_after_step
 from ..progress import console, progress_bar
 from ..stop_signals import StopSignals, agreed_stop
@@ -137,8 +137,8 @@ def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
 def game_eval(model, tokenizer, cfg: SFTConfig, prompt: PromptConfig, world) -> dict:
     from ..game.splits import split_words
     from ..game.words import guess_list
-    from ..llm.distributed import interleave
-    from ..llm.rollout import GameSpec, RolloutConfig, play_games
+    from ..llm.training.distributed import interleave
+    from ..llm.play.rollout import GameSpec, RolloutConfig, play_games
 
     specs = [GameSpec(secret=w) for w in world.shard(split_words("valid")[: cfg.game_eval.games])]
     words = {"decode": "words"} if cfg.decode == "words" else {}     # else the default, grammar where it applies
@@ -193,8 +193,8 @@ def load_data(cfg: SFTConfig):
 
 
 def run(cfg: SFTConfig) -> dict:
-    from ..llm.distributed import NullWriter, check_world_size, init_world, write_weights_hash
-    from ..llm.models import load_model
+    from ..llm.training.distributed import NullWriter, check_world_size, init_world, write_weights_hash
+    from ..llm.model.models import load_model
 
     world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
     world.check_divisible(cfg.batch_size, "batch_size")
@@ -217,9 +217,9 @@ def run(cfg: SFTConfig) -> dict:
     if cfg.lora.train_layers is not None:              # before the optimizer and any checkpoint are loaded
         trainable = lora.freeze_lora_below(model, cfg.lora.train_layers)
     if cfg.grad_checkpoint:
-        from ..llm.logits import set_grad_checkpoint
+        from ..llm.model.logits import set_grad_checkpoint
         set_grad_checkpoint(model)
-    from ..llm.memory import configure_metal_memory, free_cache
+    from ..llm.model.memory import configure_metal_memory, free_cache
     configure_metal_memory()
 
     train_seqs = with_boards(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), train_records)

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ..config import MODEL_SPEC_HELP, LoraConfig, StrictModel
-from ..llm.reply_grammar import DecodeMode
+from ..llm.play.reply_grammar import DecodeMode
 
 
 class GameEvalConfig(StrictModel):

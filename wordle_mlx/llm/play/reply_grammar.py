@@ -22,7 +22,7 @@ from typing import Collection, Literal, Sequence
 
 import numpy as np
 
-from ..errors import UserError
+from ...errors import UserError
 
 DecodeMode = Literal["free", "grammar", "words"]
 DECODE_MODES = ("free", "grammar", "words")
@@ -186,7 +186,7 @@ def head_rows(model, token_ids):
     import mlx.core as mx
     import mlx.nn as nn
 
-    from .logits import text_model
+    from ..model.logits import text_model
 
     lm = text_model(model)
     if getattr(lm, "tie_word_embeddings", False) or not hasattr(lm, "lm_head"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import UserError
+from ...errors import UserError
 from .gguf_import import GLOBAL_TENSORS, LAYER_TENSORS, field_value
 from .tokenizer_build import (SPACE_PIECE, TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN,
                               TYPE_USER_DEFINED)

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from .generation import common_prefix_length
-from .logits import body_hidden, text_model
+from ..model.logits import body_hidden, text_model
 from .reply_grammar import LetterGrammar, head_rows
 
 Pick = Callable[[mx.array, list[list[int]], list[int]], tuple[list[int], list[float]]]

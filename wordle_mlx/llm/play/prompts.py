@@ -27,8 +27,8 @@ from typing import Collection, Literal, Sequence
 
 from pydantic import Field
 
-from ..config import StrictModel
-from ..game.knowledge import Knowledge
+from ...config import StrictModel
+from ...game.knowledge import Knowledge
 
 Context = Literal["summary", "conversation"]
 PromptStyle = Literal["full", "compact"]
@@ -84,7 +84,7 @@ def adapter_prompt(adapter_dir: str | Path | None) -> PromptConfig | None:
         return None      # a missing or broken adapter is reported by the model loader, with its own message
     if raw is None:
         return None
-    from ..errors import UserError
+    from ...errors import UserError
     try:
         return PromptConfig(**raw)
     except (TypeError, ValueError) as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..game.state import GameState
+from ...game.state import GameState
 
 
 @dataclass

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..fileio import write_json_atomic
+from ...fileio import write_json_atomic
 
 KINDS = ("float32", "bfloat16", "4bit")
 SIZES = ("tiny", "4b")

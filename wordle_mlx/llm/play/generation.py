@@ -32,7 +32,7 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 from pydantic import Field
 
-from ..config import StrictModel
+from ...config import StrictModel
 
 STOP_TEXTS = ("</guess>",)
 MIN_SHARED_PREFIX = 8           # shorter common prefixes are not worth a separate forward pass

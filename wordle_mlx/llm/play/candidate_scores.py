@@ -74,7 +74,7 @@ def letter_logprobs(model, prompt_ids: Sequence[int], words: Sequence[str], gram
     for every word."""
     import mlx.core as mx
 
-    from .logits import shared_prefix_logits
+    from ..model.logits import shared_prefix_logits
     from .reply_grammar import LETTERS
 
     if any(len(w) != 5 or not set(w) <= set(LETTERS) for w in words):
@@ -107,7 +107,7 @@ def _scored_token_logprobs(model, prefix, inputs, part, scored, width, temperatu
     """Flat float64 log p(token) at `temperature` of the scored reply tokens, row by row, in order."""
     import mlx.core as mx
 
-    from .logits import shared_prefix_logits
+    from ..model.logits import shared_prefix_logits
 
     positions = [j * width + t for j, ts in enumerate(scored) for t in ts]
     targets = [part[j][t] for j, ts in enumerate(scored) for t in ts]

@@ -27,13 +27,13 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from ..game.rewards import ReplyKind, Rewards, TurnFacts
-from .episode import Episode, TokenSequence, Turn, reply_sequence
+from ...game.rewards import ReplyKind, Rewards, TurnFacts
+from ..play.episode import Episode, TokenSequence, Turn, reply_sequence
 from .advantages import group_advantages
 from .grpo_loss import (LossSettings, batch_arrays, grpo_loss, pack_batch, pack_shared_batch, reference_logprobs,
                         shared_prompt_groups, split_batch)
-from .prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
-from .rollout import (Completion, GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids,
+from ..play.prompts import FORMAT_ERRORS, NOT_A_WORD, ParsedReply, parse_reply
+from ..play.rollout import (Completion, GameSpec, RolloutConfig, _apply, _start, play_games, prompt_token_ids,
                       sample_replies, sample_replies_and_greedy)
 
 
@@ -221,7 +221,7 @@ def policy_update(model, optimizer, items: Sequence[ScoredItem], s: UpdateSettin
     from mlx.utils import tree_map
 
     from .distributed import World
-    from .logits import has_split_head
+    from ..model.logits import has_split_head
 
     world = world or World()
     start = time.perf_counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from ..fileio import write_json_atomic
+from ...fileio import write_json_atomic
 from .tokenizer_build import (TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_USER_DEFINED,
                               SPACE_PIECE, gemma_tokenizer_json, write_tokenizer_files)
 

@@ -25,8 +25,8 @@ from typing import Callable, Collection, Sequence
 
 from pydantic import Field, model_validator
 
-from ..game.knowledge import is_consistent
-from ..game.state import MAX_GUESSES, GameState
+from ...game.knowledge import is_consistent
+from ...game.state import MAX_GUESSES, GameState
 from .episode import Episode, Turn
 from .generation import (BatchedGenerator, Completion, GenerateFn, SamplingConfig, policy_logprob_temperature,
                          policy_logprobs)

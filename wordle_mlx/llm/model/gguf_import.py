@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import UserError
-from ..fileio import atomic_path, cache_dir, write_json_atomic
+from ...errors import UserError
+from ...fileio import atomic_path, cache_dir, write_json_atomic
 from .tokenizer_build import gemma_tokenizer_json, write_tokenizer_files
 
 LAYER_TENSORS = {

@@ -29,8 +29,8 @@ from typing import Iterator
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..errors import UserError
-from ..fileio import publish_dir, write_json_atomic, write_text_atomic
+from ...errors import UserError
+from ...fileio import publish_dir, write_json_atomic, write_text_atomic
 
 ADAPTER_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -50,7 +50,7 @@ def adapter_config(num_layers: int, params: dict, base_model: str, prompt: dict 
     """The adapter_config.json content mlx-lm expects (extra keys are ignored by mlx-lm), plus the base model
     and the prompt settings the adapter was trained with (`prompts.ADAPTER_PROMPT_KEY`), so eval, play and
     GRPO show it the prompts it knows."""
-    from .prompts import ADAPTER_PROMPT_KEY
+    from ..play.prompts import ADAPTER_PROMPT_KEY
 
     cfg = {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params, "base_model": base_model}
     if prompt is not None:

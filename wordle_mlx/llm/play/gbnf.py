@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Collection
 
-from ..errors import UserError
+from ...errors import UserError
 from .reply_grammar import LETTERS, LetterGrammar
 
 GRAMMAR_MODES = ("grammar", "words")

@@ -29,7 +29,7 @@ from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
-from .episode import TokenSequence
+from ..play.episode import TokenSequence
 
 Averaging = Literal["token", "sequence"]
 
@@ -194,8 +194,8 @@ def selected_logprobs(model, inputs, positions, targets, temperature: float, pre
     letters only, from their rows of the projection."""
     import mlx.core as mx
 
-    from .logits import selected_logits, shared_prefix_logits
-    from .reply_grammar import choice_logprobs
+    from ..model.logits import selected_logits, shared_prefix_logits
+    from ..play.reply_grammar import choice_logprobs
 
     ids = None if choices is None else choices["ids"]
     if prefix is not None:

@@ -34,7 +34,7 @@ def project(model, hidden: mx.array, token_ids: mx.array | None = None) -> mx.ar
     """Output projection of final hidden states onto the vocabulary, or onto `token_ids` only (their rows of the
     projection: grammar decoding's letters)."""
     if token_ids is not None:
-        from .reply_grammar import head_rows
+        from ..play.reply_grammar import head_rows
 
         return hidden @ head_rows(model, token_ids).T
     lm = text_model(model)

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import UserError
-from ..fileio import cache_dir, publish_dir, write_json_atomic
+from ...errors import UserError
+from ...fileio import cache_dir, publish_dir, write_json_atomic
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny-random", "gemma-3-270m")
@@ -239,7 +239,7 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
     if adapter_path is not None:
         from mlx_lm.tuner.utils import load_adapters
 
-        from ..config import read_json_file
+        from ...config import read_json_file
 
         if not isinstance(read_json_file(adapter / "adapter_config.json"), dict):
             raise UserError(f"{adapter / 'adapter_config.json'}: expected a JSON object")

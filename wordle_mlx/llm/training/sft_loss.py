@@ -28,10 +28,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .logits import (full_logits_at, has_split_head, hidden_at, project, selected_logits,
+from ..model.logits import (full_logits_at, has_split_head, hidden_at, project, selected_logits,
                      shared_prefix_logits)
-from ..errors import UserError
-from .reply_grammar import LETTERS, LetterGrammar, WordTrie, grammar_applies
+from ...errors import UserError
+from ..play.reply_grammar import LETTERS, LetterGrammar, WordTrie, grammar_applies
 
 
 @dataclass
@@ -68,7 +68,7 @@ def letter_loss(decode: str, train_tags: bool, tokenizer, prompt_cfg, seqs: Sequ
     the words loss, that its board is recorded and its word is allowed and off the board."""
     if decode == "free":
         return None
-    from ..game.words import guess_list
+    from ...game.words import guess_list
 
     if not grammar_applies(prompt_cfg):
         raise UserError(f"decode: {decode!r} needs data in guess_format 'letters' without a think block, not "

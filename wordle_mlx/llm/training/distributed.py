@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..errors import UserError
+from ...errors import UserError
 
 TIMEOUT_ENV = "WORDLE_MLX_COLLECTIVE_TIMEOUT"
 HASH_DIR_ENV = "WORDLE_MLX_WEIGHTS_HASH_DIR"
@@ -221,7 +221,7 @@ def write_weights_hash(model, world: World, stage: str) -> None:
     folder = os.environ.get(HASH_DIR_ENV)
     if not folder:
         return
-    from ..fileio import write_text_atomic
+    from ...fileio import write_text_atomic
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     write_text_atomic(Path(folder) / f"{stage}-rank{world.rank}.sha256", weights_hash(model) + "\n")

@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..game.rewards import COMPONENTS
-from .episode import Episode, Turn
-from .prompts import FORMAT_ERRORS, NOT_A_WORD
+from ...game.rewards import COMPONENTS
+from ..play.episode import Episode, Turn
+from ..play.prompts import FORMAT_ERRORS, NOT_A_WORD
 
 
 def value_stats(values: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -3,7 +3,7 @@
 Uses the pinned `llama-cpp-python` of this venv (requirements.txt installs it), else installs it from PyPI into
 its own venv (`.venv-llamacpp`; it compiles llama.cpp from source, one compile job at a time,
 `-DGGML_NATIVE=ON`), exports the shipped adapter
-(`adapters/gemma-3-270m-wordle` on `builtin:gemma-3-270m`) with `wordle-mlx export` (f16 by default, `--type`),
+(`adapters/gemma-3-270m-wordle` on `builtin:gemma-3-270m`) with `wordle-mlx export` (float16 by default, `--dtype`),
 which also writes the GBNF grammar of the adapter's decoding mode beside the GGUF, and runs two comparisons.
 
 Single replies: 100 boards of the held-out test split, for the i-th test word the board after 1 + i % 3 of the
@@ -21,7 +21,7 @@ differing turn of each differing game, and ends with `games_identical N/100`. Ex
 match, top-1 agreement >= 0.99 and >= 98/100 games are identical. Results go to
 `logs/llamacpp-check/result.json`.
 
-    python scripts/llamacpp_check.py [--boards 100] [--games 100] [--type f16] [--reuse-gguf]
+    python scripts/llamacpp_check.py [--boards 100] [--games 100] [--dtype float16] [--reuse-gguf]
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--boards", type=int, default=100)
     parser.add_argument("--games", type=int, default=100, help="Whole games to compare (0: none).")
-    parser.add_argument("--type", default="f16", choices=("f32", "f16", "q8_0"), help="The GGUF's matrix storage.")
+    parser.add_argument("--dtype", default="float16", choices=("float32", "float16", "q8"),
+                        help="The GGUF's matrix storage (export --dtype).")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-llamacpp")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "logs" / "llamacpp-check")
     parser.add_argument("--reuse-gguf", action="store_true", help="Keep an existing exported GGUF.")
@@ -214,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    gguf = args.out_dir / f"wordle-270m-{args.type}.gguf"
+    gguf = args.out_dir / f"wordle-270m-{args.dtype}.gguf"
     if not (args.reuse_gguf and gguf.is_file()):
-        export.run(export.ExportConfig(adapter=str(ADAPTER), out=str(gguf), gguf_type=args.type, overwrite=True,
+        export.run(export.ExportConfig(adapter=str(ADAPTER), out=str(gguf), dtype=args.dtype, overwrite=True,
                                        json_output=True))
     grammar = gguf.with_suffix(".gbnf")
     print(f"exported {gguf} ({gguf.stat().st_size / 1e6:.0f} MB)", flush=True)

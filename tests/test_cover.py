@@ -62,14 +62,11 @@ class CoverageExamplesTest(unittest.TestCase):
             self.assertFalse(any(s != word and word not in g and word in fitting(self.solver, s, g)
                                  for s, g in self.boards), word)
 
-    def test_per_word_gives_distinct_boards_in_order_of_tightness(self):
+    def test_one_board_per_word_in_the_order_of_words(self):
         words = ["crane", "stone", "light"]
-        examples, _ = coverage_examples(self.boards, words, self.solver, per_word=3)
-        for w in words:
-            mine = [ex for ex in examples if ex.word == w]
-            self.assertEqual(len(mine), 3)     # the empty board alone fits every word
-            self.assertEqual(len({(ex.secret, ex.history) for ex in mine}), 3)
-            self.assertEqual([ex.candidates for ex in mine], sorted(ex.candidates for ex in mine))
+        examples, uncovered = coverage_examples(self.boards, words, self.solver)
+        self.assertEqual(uncovered, [])        # the empty board alone fits every word
+        self.assertEqual([ex.word for ex in examples], words)
 
     def test_max_candidates_keeps_only_tight_boards(self):
         words = sorted({w for s, g in self.boards for w in fitting(self.solver, s, g)})
@@ -91,8 +88,6 @@ class CoverageExamplesTest(unittest.TestCase):
     def test_bad_arguments_raise(self):
         with self.assertRaisesRegex(ValueError, "'zzzzz' is not an answer word"):
             coverage_examples(self.boards, ["zzzzz"], self.solver)
-        with self.assertRaisesRegex(ValueError, "per_word must be at least 1"):
-            coverage_examples(self.boards, ["crane"], self.solver, per_word=0)
 
 
 class CoverRunTest(unittest.TestCase):
@@ -195,14 +190,31 @@ class CoverRunTest(unittest.TestCase):
     def test_cli_names_a_bad_config_field(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "cover.json"
-            path.write_text(json.dumps({"data": "in", "out": "out", "per_word": 0}))
+            path.write_text(json.dumps({"data": "in", "out": "out", "copies": 0}))
             proc = subprocess.run([sys.executable, "-m", "wordle_mlx", "data", "cover", "--config", str(path)],
                                   capture_output=True, text=True)
             self.assertNotEqual(proc.returncode, 0)
-            self.assertIn("per_word", proc.stderr)
+            self.assertIn("copies", proc.stderr)
             self.assertIn(str(path), proc.stderr)
             with self.assertRaises(UserError):
                 load_config(path, cover.CoverConfig)
+            path.write_text(json.dumps({"data": "in", "out": "out", "per_word": 2}))
+            with self.assertRaisesRegex(UserError, "per_word was removed: one board per answer word"):
+                load_config(path, cover.CoverConfig)
+
+    def test_data_options_before_a_subcommand_are_refused(self):
+        for argv, fragment in ((["--out", "x", "--train-examples", "5", "cover"],
+                                "data --out: an option of `data` alone, not of `data cover`; put it after the "
+                                "subcommand: data cover --out"),
+                               (["--train-examples", "5", "cover"], "`data cover` has no --train-examples"),
+                               (["--seed", "1", "self-play"], "not of `data self-play`")):
+            with self.subTest(argv=argv), tempfile.TemporaryDirectory() as tmp:
+                proc = subprocess.run([sys.executable, "-m", "wordle_mlx", "data", *argv], capture_output=True,
+                                      text=True, cwd=tmp)
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertIn(fragment, proc.stderr)
+                self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+                self.assertEqual(list(Path(tmp).iterdir()), [])
 
 
 if __name__ == "__main__":

@@ -25,10 +25,10 @@ MARK = {"green": "G", "yellow": "Y", "grey": "X"}
 LINE_RE = re.compile(r"^\d+\. ([A-Z]{5}): (.*)$")
 
 
-# The settings these tests were written for (the full prompt with a think block, one teacher turn per seeded
-# board); `data`'s defaults are the 270M recipe's compact letters data.
-FULL_THINK = {"think_style": "brief", "candidate_threshold": 3, "turns_per_game": 1, "retry_fraction": 0.0,
-              "max_copies": None, "history": {"k_weights": [0.2] * 5, "solver": 0.4, "random": 0.45, "mistake": 0.15},
+# The settings these tests were written for (the full prompt with a think block); `data`'s defaults are the 270M
+# recipe's compact letters data.
+FULL_THINK = {"think_style": "brief", "retry_fraction": 0.0,
+              "max_copies": None, "history": {"k_weights": [0.2] * 5},
               "prompt": {"require_think": True, "style": "full", "guess_format": "word"}}
 
 
@@ -68,7 +68,7 @@ class DataGenerationTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         root = Path(cls.tmp.name)
-        cls.cfg_path = write_config(root, train_examples=60, valid_examples=20, think_style="full", turns_per_game=2)
+        cls.cfg_path = write_config(root, train_examples=60, valid_examples=20, think_style="full")
         cls.result = data.run(load_config(cls.cfg_path, data.DataConfig))
         cls.out = Path(cls.result["out"])
         cls.train = [json.loads(l) for l in (cls.out / "train.jsonl").read_text().splitlines()]
@@ -116,7 +116,7 @@ class DataGenerationTest(unittest.TestCase):
 
     def test_deterministic_byte_identical(self):
         with tempfile.TemporaryDirectory() as other:
-            path = write_config(Path(other), train_examples=60, valid_examples=20, think_style="full", turns_per_game=2)
+            path = write_config(Path(other), train_examples=60, valid_examples=20, think_style="full")
             data.run(load_config(path, data.DataConfig))
             for name in ("train.jsonl", "valid.jsonl", "stats.json"):
                 ours = (self.out / name).read_bytes()
@@ -127,31 +127,37 @@ class DataGenerationTest(unittest.TestCase):
 
     def test_different_seed_differs(self):
         with tempfile.TemporaryDirectory() as other:
-            path = write_config(Path(other), train_examples=60, valid_examples=20, think_style="full", turns_per_game=2, seed=1)
+            path = write_config(Path(other), train_examples=60, valid_examples=20, think_style="full", seed=1)
             data.run(load_config(path, data.DataConfig))
             self.assertNotEqual((self.out / "train.jsonl").read_bytes(), (Path(other) / "out" / "train.jsonl").read_bytes())
 
-    def test_few_candidates_target_is_a_candidate(self):
-        seen = 0
+    def test_target_is_the_best_splitting_candidate(self):
+        solver = Solver(load_table(show_progress=False))
         for r in self.train + self.valid:
             history = [(g, feedback(g, r["meta"]["secret"])) for g in r["meta"]["history"]]
-            cands = candidates(answers(), history)
-            if len(cands) <= 3:
-                seen += 1
-                self.assertIn(r["meta"]["target"], cands)
-        self.assertGreater(seen, 0)
+            self.assertIn(r["meta"]["target"], candidates(answers(), history))
+            self.assertEqual(r["meta"]["target"], solver.best_candidate(solver.candidate_columns(history)))
+
+    def test_teacher_plays_every_game_to_its_end(self):
+        games = Counter()
+        for r in self.train:
+            games[r["meta"]["secret"], tuple(r["meta"]["history"][:r["meta"]["seeded"]])] += 1
+        self.assertTrue(any(n > 1 for n in games.values()))       # several turns from one seeded start
 
 
 class HistogramAndModesTest(unittest.TestCase):
     def test_history_lengths_follow_k_weights(self):
         with tempfile.TemporaryDirectory() as tmp:
-            path = write_config(Path(tmp), train_examples=400, valid_examples=10, think_style="none",
+            path = write_config(Path(tmp), train_examples=1200, valid_examples=10, think_style="none",
                                 prompt={"require_think": False}, history={"k_weights": [0.25, 0.75]})
-            result = data.run(load_config(path, data.DataConfig))
-            hist = result["train"]["history_length_histogram"]
-            self.assertAlmostEqual(hist["0"] / 400, 0.25, delta=0.07)
-            self.assertAlmostEqual(hist["1"] / 400, 0.75, delta=0.07)
+            data.run(load_config(path, data.DataConfig))
             records = [json.loads(l) for l in (Path(tmp) / "out" / "train.jsonl").read_text().splitlines()]
+            # each game's first example is its seeded start; the teacher's later turns add to its history
+            starts = Counter(r["meta"]["seeded"] for r in records if len(r["meta"]["history"]) == r["meta"]["seeded"])
+            total = sum(starts.values())
+            self.assertEqual(set(starts), {0, 1})
+            self.assertAlmostEqual(starts[0] / total, 0.25, delta=0.07)
+            self.assertAlmostEqual(starts[1] / total, 0.75, delta=0.07)
             test = set(split_answers(answers())["test"])
             self.assertFalse({r["meta"]["secret"] for r in records} & test)
 
@@ -227,8 +233,7 @@ class RetryExamplesTest(unittest.TestCase):
     def test_retry_prompts_match_the_engine_and_replay(self):
         from wordle_mlx.llm.play.prompts import error_message, parse_reply
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = load_config(write_config(Path(tmp), train_examples=80, valid_examples=10, think_style="pattern",
-                                           turns_per_game=3, retry_fraction=0.5), data.DataConfig)
+            cfg = load_config(write_config(Path(tmp), train_examples=80, valid_examples=10, think_style="pattern", retry_fraction=0.5), data.DataConfig)
             result = data.run(cfg)
             records = [json.loads(l) for l in (Path(result["out"]) / "train.jsonl").read_text().splitlines()]
         allowed = set(load_table(show_progress=False).guesses)
@@ -305,8 +310,7 @@ class RejectedWordTest(unittest.TestCase):
                 prompt = {"require_think": False, "style": "compact", "guess_format": "letters"}
                 if form is not None:
                     prompt["rejected_word"] = form
-                cfg = write_config(folder, train_examples=60, valid_examples=5, think_style="none",
-                                   turns_per_game=3, retry_fraction=0.5, prompt=prompt)
+                cfg = write_config(folder, train_examples=60, valid_examples=5, think_style="none", retry_fraction=0.5, prompt=prompt)
                 result = data.run(load_config(cfg, data.DataConfig))   # run replays every record through the engine
                 outs[form] = [json.loads(l) for l in (Path(result["out"]) / "train.jsonl").read_text().splitlines()]
         self.assertEqual(outs[None], outs["upper"])   # the default is the old message
@@ -379,7 +383,7 @@ class CompactLettersTest(unittest.TestCase):
                 folder = Path(tmp) / name
                 folder.mkdir()
                 prompt = {"require_think": False, "style": "compact", "guess_format": fmt}
-                cfg = write_config(folder, train_examples=40, valid_examples=5, turns_per_game=3,
+                cfg = write_config(folder, train_examples=40, valid_examples=5,
                                    think_style="none", prompt=prompt)
                 out = Path(data.run(load_config(cfg, data.DataConfig))["out"])
                 runs.append([json.loads(l) for l in (out / "train.jsonl").read_text().splitlines()])
@@ -406,7 +410,7 @@ class CompactLettersTest(unittest.TestCase):
 class MaxCopiesTest(unittest.TestCase):
     def test_no_example_more_than_max_copies_and_impossible_counts_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = write_config(Path(tmp), train_examples=120, valid_examples=10, turns_per_game=6, max_copies=2,
+            cfg = write_config(Path(tmp), train_examples=120, valid_examples=10, max_copies=2,
                                think_style="none", prompt={"require_think": False, "style": "compact"},
                                history={"k_weights": [0.7, 0.3]})
             result = data.run(load_config(cfg, data.DataConfig))
@@ -416,7 +420,7 @@ class MaxCopiesTest(unittest.TestCase):
             self.assertEqual(max(counts.values()), 2)          # the opener board, kept twice
             self.assertEqual(result["train"]["distinct_examples"], len(counts))
             # empty boards only, one copy each: the valid split's 100 teacher games have fewer distinct boards
-            cfg = write_config(Path(tmp), train_examples=10, valid_examples=2000, turns_per_game=6, max_copies=1,
+            cfg = write_config(Path(tmp), train_examples=10, valid_examples=2000, max_copies=1,
                                think_style="none", prompt={"require_think": False, "style": "compact"},
                                history={"k_weights": [1.0]})
             with self.assertRaisesRegex(UserError, "max_copies 1 leaves fewer than the 2000 valid examples"):
@@ -430,7 +434,7 @@ def teacher_board_traffic(solver: Solver, words: list[str]) -> Counter:
     for secret in words:
         history = []
         while not history or history[-1][0] != secret:
-            guess = data.teacher_guess(solver, solver.candidate_columns(history), 100000)
+            guess = solver.best_candidate(solver.candidate_columns(history))
             traffic[(tuple(history), guess)] += 1
             history.append((guess, feedback(guess, secret)))
     return traffic
@@ -441,7 +445,7 @@ class EmptyBoardCopiesTest(unittest.TestCase):
         table = load_table(show_progress=False)
         solver = Solver(table)
         words = split_answers(answers())["train"][:25]
-        cfg = data.DataConfig(think_style="none", candidate_threshold=100000, empty_board_copies=3,
+        cfg = data.DataConfig(think_style="none", empty_board_copies=3,
                               retry_fraction=0.5, prompt={"require_think": False, "style": "compact",
                                                           "guess_format": "letters"})
         records = data.empty_board_examples(words, cfg, random.Random(0), solver)
@@ -462,7 +466,7 @@ class EmptyBoardCopiesTest(unittest.TestCase):
     def test_traffic_cap_weights_boards_by_games_through_them(self):
         solver = Solver(load_table(show_progress=False))
         words = split_answers(answers())["train"][:40]
-        cfg = data.DataConfig(think_style="none", candidate_threshold=100000, empty_board_copies=2,
+        cfg = data.DataConfig(think_style="none", empty_board_copies=2,
                               empty_board_traffic_cap=3, prompt={"require_think": False, "style": "compact",
                                                                  "guess_format": "letters"})
         counts = Counter(json.dumps(r["messages"]) for r in
@@ -489,6 +493,16 @@ class BadInputTest(unittest.TestCase):
             validate_config({"think_style": "none", "prompt": {"require_think": True}}, data.DataConfig, "x.json")
         with self.assertRaisesRegex(UserError, "k_weights"):
             validate_config({"history": {"k_weights": [-1, 1]}}, data.DataConfig, "x.json")
+
+    def test_removed_fields_name_the_reason(self):
+        for fields, fragment in (({"turns_per_game": 2}, "turns_per_game was removed: the teacher plays every"),
+                                 ({"candidate_threshold": 3}, "candidate_threshold was removed"),
+                                 ({"max_named": 3}, "max_named was removed"),
+                                 ({"history": {"solver": 0.4}}, "history: solver was removed: the mix")):
+            with self.subTest(fields=fields), self.assertRaises(UserError) as ctx:
+                validate_config(fields, data.DataConfig, "x.json")
+            self.assertIn(fragment, str(ctx.exception))
+            self.assertEqual(len(str(ctx.exception).splitlines()), 1)
 
     def test_jsonl_schema_error_names_line(self):
         with tempfile.TemporaryDirectory() as tmp:

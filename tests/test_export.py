@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from wordle_mlx.config import validate_config
 from wordle_mlx.errors import UserError
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.model.gguf_import import import_gguf, mlx_tensor_name
@@ -33,6 +34,7 @@ from wordle_mlx.llm.play.prompts import PromptConfig, system_prompt
 from wordle_mlx.llm.model.tiny_model import TINY_CONFIG, tiny_vocab
 from wordle_mlx.stages import export
 from wordle_mlx.stages.fuse import check_batch, fuse_lora_layers
+from wordle_mlx.stages.precision import GGUF_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 RTOL = 1e-5
@@ -62,7 +64,9 @@ def logits_of(model, tokenizer) -> mx.array:
 
 
 def run_export(adapter: Path, out: Path, gguf_type: str, model: str | None = None) -> dict:
-    return export.run(export.ExportConfig(adapter=str(adapter), out=str(out), model=model, gguf_type=gguf_type,
+    """export with `--dtype` the one GGUF's `gguf_type` (f32, f16, q8_0) stands for."""
+    dtype = {gguf: ours for ours, gguf in GGUF_TYPES.items()}[gguf_type]
+    return export.run(export.ExportConfig(adapter=str(adapter), out=str(out), model=model, dtype=dtype,
                                           json_output=True))
 
 
@@ -168,7 +172,7 @@ class TinyRoundTripTest(TinyAdapterCase):
         self.assertIn("FROM ./tiny-f32.gguf\n", modelfile)
         self.assertIn(f'SYSTEM """{system_prompt(PROMPT)}"""', modelfile)
         self.assertIn('PARAMETER stop "<end_of_turn>"', modelfile)
-        self.assertEqual(self.results["q8_0"]["type"], "q8_0")
+        self.assertEqual((self.results["q8_0"]["dtype"], self.results["q8_0"]["gguf_type"]), ("q8", "q8_0"))
         self.assertEqual(self.results["f32"]["non_text_tensors_left_out"], 0)
 
 
@@ -306,6 +310,13 @@ class ExportErrorsTest(TinyAdapterCase):
             run_export(self.adapter, out_dir / "x.gguf", "f32")
         self.assertEqual(len(calls), 3)
         self.assertEqual(list(out_dir.iterdir()), [])
+
+    def test_dtype_it_cannot_write_and_the_old_type_field(self):
+        self.assertEqual(self.cli_fails("--adapter", str(self.adapter), "--dtype", "bfloat16"),
+                         "error: command line: dtype: export --dtype 'bfloat16': export writes float32, float16, q8 "
+                         "(got 'bfloat16')")
+        with self.assertRaisesRegex(UserError, "gguf_type is now dtype"):
+            validate_config({"adapter": "a", "out": "x.gguf", "gguf_type": "f16"}, export.ExportConfig, "x.json")
 
     def test_out_must_be_gguf_and_is_not_overwritten(self):
         with self.assertRaisesRegex(UserError, "must end in .gguf"):

@@ -215,8 +215,18 @@ def data_command(ctx: typer.Context, config: ConfigOpt = None, out: Out = None,
                  tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Model spec whose tokenizer counts target tokens (default: characters / 4).")] = None,
                  no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
     """Synthetic SFT data (no subcommand): history-seeded boards, the solver as teacher, replay-checked; writes
-    data/sft by default. Subcommands make data from a trained adapter's own play."""
-    if ctx.invoked_subcommand is not None:
+    data/sft by default. Subcommands make data from a trained adapter's own play (their options go after them)."""
+    if ctx.invoked_subcommand is not None:      # `data`'s own options would be ignored by a subcommand: refused
+        given = {"--config": config, "--out": out, "--seed": seed, "--train-examples": train_examples,
+                 "--valid-examples": valid_examples, "--tokenizer": tokenizer, "--no-progress": no_progress or None,
+                 "--json": json_output or None}
+        flag = next((f for f, value in given.items() if value is not None), None)
+        if flag is not None:
+            sub = ctx.invoked_subcommand
+            own = {o for param in ctx.command.get_command(ctx, sub).params for o in param.opts}
+            raise UserError(f"data {flag}: an option of `data` alone, not of `data {sub}`; "
+                            + (f"put it after the subcommand: data {sub} {flag} ..." if flag in own
+                               else f"`data {sub}` has no {flag} (see data {sub} --help)"))
         return
     from .stages import data as stage
     cfg = load_config(config, stage.DataConfig, {
@@ -244,7 +254,6 @@ def self_play(config: ConfigOpt = None,
 def cover(config: ConfigOpt = None,
           data: Annotated[Optional[Path], typer.Option("--data", help="Input SFT data folder (overrides data) (default: data/self-play).")] = None,
           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (overrides out) (default: data/cover).")] = None,
-          per_word: Annotated[Optional[int], typer.Option("--per-word", help="Boards per answer word (default: 1).")] = None,
           max_candidates: Annotated[Optional[int], typer.Option("--max-candidates", help="Only boards where at most this many answers fit (default: 5).")] = None,
           copies: Annotated[Optional[int], typer.Option("--copies", help="Times each coverage example appears (default: 4).")] = None,
           no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
@@ -252,7 +261,7 @@ def cover(config: ConfigOpt = None,
     from .stages import cover as stage
     cfg = load_config(config, stage.CoverConfig, {
         "data": str(data.resolve()) if data else None, "out": str(out.resolve()) if out else None,
-        "per_word": per_word, "max_candidates": max_candidates, "copies": copies,
+        "max_candidates": max_candidates, "copies": copies,
         "progress": False if no_progress else None})
     emit(stage.run(cfg), json_output)
 
@@ -324,14 +333,14 @@ def plan(config: Annotated[Path, typer.Option("--config", "-c", help="An SFT, GR
 def export(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter folder (adapters.safetensors + adapter_config.json).")],
            out: Annotated[Path, typer.Option("--out", help="GGUF file to write; beside it NAME.gbnf (the reply grammar for llama.cpp), NAME.llamacpp.md (usage) and NAME.Modelfile (Ollama).")],
            model: Annotated[Optional[str], typer.Option("--model", help="Base model spec (default: the adapter's base_model).")] = None,
-           gguf_type: Annotated[str, typer.Option("--type", help="Matrix storage: f32, f16 or q8_0 (norms stay f32).")] = "f32",
+           dtype: Annotated[str, typer.Option("--dtype", help="Matrix storage: float32, float16 or q8 (GGUF's f32, f16, q8_0; norms stay float32).")] = "float32",
            overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files (and remove an earlier export's grammar or Modelfile this one does not write).")] = False,
            ollama: Annotated[Optional[bool], typer.Option("--ollama/--no-ollama", help="Require / leave out the Ollama Modelfile (default: written when the adapter can play free decoding, which Ollama plays; --ollama refuses an adapter whose reply tags were never trained).", show_default=False)] = None,
            json_output: JsonFlag = False) -> None:
     """Write the player (base model + fused LoRA, text weights) as a GGUF for llama.cpp / Ollama, with its reply grammar."""
     from .stages import export as stage
     cfg = load_config(None, stage.ExportConfig, {"adapter": str(adapter), "out": str(out), "model": model,
-                                                  "gguf_type": gguf_type, "overwrite": overwrite, "ollama": ollama,
+                                                  "dtype": dtype, "overwrite": overwrite, "ollama": ollama,
                                                   "json_output": json_output})
     emit(stage.run(cfg), json_output)
 
@@ -343,13 +352,12 @@ app.add_typer(model_app, name="model")
 @model_app.command(name="import")
 def model_import(source: Annotated[str, typer.Argument(help="A Gemma 3 .gguf file, builtin:gemma-3-270m or builtin:tiny-random.")],
                  out: Annotated[Optional[Path], typer.Option("--out", help="New folder for the mlx-lm model (default: the user cache, where --model SOURCE looks).")] = None,
-                 dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 with Metal).")] = None,
-                 q_bits: Annotated[Optional[int], typer.Option("--q-bits", help="Re-quantise linear layers to 4 or 8 bits.")] = None,
+                 dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16, float16, q8 or q4 (linear layers 8- or 4-bit, needs --out) (default: float32 on CPU, bfloat16 with Metal).")] = None,
                  json_output: JsonFlag = False) -> None:
     """Convert a GGUF (or a builtin model) into a folder that mlx_lm.load and --model accept."""
     from .stages import model_import as stage
     cfg = load_config(None, stage.ModelImportConfig, {"source": source, "out": str(out) if out else None, "dtype": dtype,
-                                                       "q_bits": q_bits, "json_output": json_output})
+                                                       "json_output": json_output})
     emit(stage.run(cfg), json_output)
 
 

@@ -1,13 +1,12 @@
 """Answer coverage: for every answer word, the boards on which it is a fitting guess but not the secret.
 
-A small model loses held-out games by failing to *spell* the last candidate: 83 of the last-6-blocks SFT
-player's 137 losses ended on three non-words with exactly one answer left (the secret). Test words taught
-this way, four times each, were then won 16 times in 63 (14 with another seed), against 5-7 with none or one. A board of a train secret often leaves other answers that fit every clue;
-guessing one of them is a good hard-mode move. This module picks, for each word, the `per_word` boards (of a
-given set, e.g. an SFT data folder's) with the fewest fitting answers on which the word fits, is not the
-secret and was not guessed yet. Words are all treated alike, so the model learns to name every answer the
-way the solver knows its candidate list; secrets stay those of the boards (never test words). Pure numpy over
-the precomputed pattern table.
+A small model loses held-out games by failing to *spell* the last candidate: it ends on non-words with exactly one
+answer left (the secret); the words taught this way are then won more often (docs/RESULTS.md, "Coverage labels"). A
+board of a train secret often leaves other answers that fit every clue; guessing one of them is a good hard-mode
+move. This module picks, for each word, the board (of a given set, e.g. an SFT data folder's) with the fewest
+fitting answers on which the word fits, is not the secret and was not guessed yet. Words are all treated alike, so
+the model learns to name every answer the way the solver knows its candidate list; secrets stay those of the boards
+(never test words). Pure numpy over the precomputed pattern table.
 """
 
 from __future__ import annotations
@@ -28,15 +27,12 @@ class CoverageExample:
 
 
 def coverage_examples(boards: Iterable[tuple[str, Sequence[str]]], words: Sequence[str], solver: Solver,
-                      per_word: int = 1, max_candidates: int | None = None
-                      ) -> tuple[list[CoverageExample], list[str]]:
-    """(examples, uncovered words): for each of `words` (answer words), up to `per_word` distinct boards from
-    `boards` ((secret, guesses) pairs; duplicates are ignored) on which it fits every clue, is not the secret
-    and was not guessed, choosing the boards with the fewest fitting answers (ties: the order of `boards`),
-    and only boards with at most `max_candidates` fitting answers when given. Examples come grouped by word,
-    in the order of `words`; uncovered words fit no such board."""
-    if per_word < 1:
-        raise ValueError(f"per_word must be at least 1, got {per_word}")
+                      max_candidates: int | None = None) -> tuple[list[CoverageExample], list[str]]:
+    """(examples, uncovered words): for each of `words` (answer words), the board from `boards` ((secret,
+    guesses) pairs; duplicates are ignored) on which it fits every clue, is not the secret and was not guessed,
+    with the fewest fitting answers (ties: the order of `boards`), and only boards with at most
+    `max_candidates` fitting answers when given. Examples come in the order of `words`; uncovered words fit no
+    such board."""
     if max_candidates is not None and max_candidates < 2:
         raise ValueError(f"max_candidates must be at least 2 (the secret and the word), got {max_candidates}")
     answers = solver.table.answers
@@ -52,16 +48,13 @@ def coverage_examples(boards: Iterable[tuple[str, Sequence[str]]], words: Sequen
     order = sorted((b for b in range(len(distinct)) if max_candidates is None or len(fitting[b]) <= max_candidates),
                    key=lambda b: (len(fitting[b]), b))
     wanted = {index[w] for w in words}
-    found: dict[int, list[int]] = {}
+    found: dict[int, int] = {}          # answer column -> its board
     for b in order:
         secret, guesses = distinct[b]
         for col in fitting[b]:
             col = int(col)
-            if col not in wanted or answers[col] == secret or answers[col] in guesses:
-                continue
-            picks = found.setdefault(col, [])
-            if len(picks) < per_word:
-                picks.append(b)
-    examples = [CoverageExample(w, distinct[b][0], distinct[b][1], len(fitting[b]))
-                for w in words for b in found.get(index[w], [])]
+            if col in wanted and answers[col] != secret and answers[col] not in guesses:
+                found.setdefault(col, b)
+    examples = [CoverageExample(w, distinct[found[index[w]]][0], distinct[found[index[w]]][1],
+                                len(fitting[found[index[w]]])) for w in words if index[w] in found]
     return examples, [w for w in words if index[w] not in found]

@@ -25,7 +25,7 @@ from .words import lists_hash
 def entropies(matrix: np.ndarray, columns: np.ndarray | None = None, block: int = 512) -> np.ndarray:
     """Entropy in bits of each row's pattern distribution over the selected columns (uniform prior).
 
-    Rows are processed in blocks: one giant bincount is ~10x slower than cache-sized ones.
+    Rows are processed in cache-sized blocks, faster than one giant bincount (timings: docs/BENCHMARKS.md).
     """
     if len(matrix) > block:
         return np.concatenate([entropies(matrix[s:s + block], columns, block) for s in range(0, len(matrix), block)])

@@ -3,7 +3,7 @@
 Each turn it keeps the answers consistent with the feedback so far and plays the allowed guess whose
 feedback has the highest entropy over them. Ties (to 1e-9 bits) go to words that are still candidates,
 then to the alphabetically first; with one or two candidates left it plays a candidate. Decisions are
-memoised on the candidate set, so solving all 2,315 answers takes seconds. It reads the answer list,
+memoised on the candidate set, so solving every answer is quick (docs/BENCHMARKS.md). It reads the answer list,
 as every Wordle solver does; the LLM never sees it.
 """
 

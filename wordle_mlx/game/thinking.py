@@ -27,6 +27,7 @@ from .knowledge import Knowledge, is_consistent
 
 ThinkStyle = Literal["none", "brief", "pattern", "full"]
 THINK_STYLES = ("none", "brief", "pattern", "full")
+MAX_NAMED = 5              # candidates a think text names before "and N more"
 
 
 def split_groups(guess: str, candidates: Sequence[str]) -> int:
@@ -34,10 +35,10 @@ def split_groups(guess: str, candidates: Sequence[str]) -> int:
     return len({feedback(guess, c) for c in candidates})
 
 
-def named(candidates: Sequence[str], max_named: int) -> str:
-    """'bland, gland, plant and 9 more' (the first `max_named` candidates in the given order)."""
-    shown = ", ".join(candidates[:max_named])
-    rest = len(candidates) - min(len(candidates), max_named)
+def named(candidates: Sequence[str]) -> str:
+    """'bland, gland, plant and 9 more' (the first `MAX_NAMED` candidates in the given order)."""
+    shown = ", ".join(candidates[:MAX_NAMED])
+    rest = len(candidates) - min(len(candidates), MAX_NAMED)
     return f"{shown} and {rest} more" if rest else shown
 
 
@@ -71,8 +72,8 @@ def letter_pattern(history: Sequence[tuple[str, str]]) -> str:
     return " ".join(parts)
 
 
-def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], guess: str, style: ThinkStyle,
-               max_named: int = 5) -> str | None:
+def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], guess: str,
+               style: ThinkStyle) -> str | None:
     """The reasoning for playing `guess` after `history`, given the still-consistent `candidates`."""
     if style == "none":
         return None
@@ -91,7 +92,7 @@ def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], gu
     if style == "pattern":
         return f"{letter_pattern(history)} Try {guess}."
     if style == "brief":  # one template for every count, so the model never has to pick among shapes
-        return f"{_count(n)}: {named(candidates, max_named)}. Try {guess}."
+        return f"{_count(n)}: {named(candidates)}. Try {guess}."
     facts = known_letters(history)
     prefix = f"{facts} " if facts else ""
     if n == 1:
@@ -101,7 +102,7 @@ def think_text(history: Sequence[tuple[str, str]], candidates: Sequence[str], gu
         why = f"{guess} fits and splits them into {groups} groups."
     else:
         why = f"{guess} does not fit, but splits them into {groups} groups."
-    return f"{prefix}{_count(n)}: {named(candidates, max_named)}. {why}"
+    return f"{prefix}{_count(n)}: {named(candidates)}. {why}"
 
 
 def check_candidates(history: Sequence[tuple[str, str]], candidates: Sequence[str], words: Sequence[str]) -> str | None:

@@ -2,8 +2,8 @@
 iteration).
 
 The teacher's labels (`wordle-mlx data`) are the best-splitting candidate, an arbitrary word from the model's point
-of view, and a 270M model on a CPU budget does not fit them: trained on the teacher's replies on the boards it
-reached itself (a DAgger round), it won 29 of 320 *train* secrets. Any answer that fits the clues is a good move
+of view, and a 270M model on a CPU budget does not fit them, even on the boards it reached itself (a DAgger
+round; docs/RESULTS.md has the figures). Any answer that fits the clues is a good move
 (hard-mode play with consistent answers wins nearly every game), so this stage keeps the rule and changes the
 label: on each board the target is the candidate answer (the answers consistent with the feedback, as the teacher
 uses) to which the model gives the highest sequence log-probability (`llm/play/candidate_scores.py`, prompt run once per
@@ -36,10 +36,12 @@ from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES, check_guess
 from ..game.words import answers
+from ..llm.model.models import load_model
+from ..llm.play.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
 from ..llm.play.prompts import PromptConfig, build_messages, choose_prompt, format_reply
 from ..llm.play.reply_grammar import DecodeMode, LetterGrammar, WordTrie, effective_mode
 from ..progress import console, progress_bar
-from .data import invalid_reply, teacher_guess, write_checked_sft
+from .data import invalid_reply, write_checked_sft
 from .entropy import load_table
 
 
@@ -106,8 +108,6 @@ class ChoiceLabeler:
             if len(words) == 1:
                 self.memo[key] = (words[0], 1, None)
             else:
-                from ..llm.play.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
-
                 messages = self.messages(list(history))
                 prompt_ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
                 if self.grammar is not None:
@@ -180,8 +180,6 @@ def played_secrets(cfg, splits: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def run(cfg: ChoiceConfig) -> dict:
-    from ..llm.model.models import load_model
-
     out = resolve_path(cfg, cfg.out).resolve()
     adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None
     prompt = choose_prompt(cfg.prompt or PromptConfig(), cfg.prompt is not None, adapter)
@@ -211,7 +209,7 @@ def run(cfg: ChoiceConfig) -> dict:
         for record in examples.values():
             meta = record["meta"]
             history = [(g, feedback(g, meta["secret"])) for g in meta["history"]]
-            agree += teacher_guess(solver, solver.candidate_columns(history), 100000) == meta["target"]   # memoised
+            agree += solver.best_candidate(solver.candidate_columns(history)) == meta["target"]   # memoised
         lengths = Counter(len(g) for g in games)
         won = [len(g) for s, g in zip(secrets, games) if s in g]
         stats[split] = {

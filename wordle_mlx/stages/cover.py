@@ -1,17 +1,16 @@
 """`wordle-mlx data cover`: add answer-coverage examples to an SFT data folder, so the model learns to name
 every answer.
 
-A 270M model that has narrowed a held-out game to one answer often cannot spell it (83 of 137 losses of one
-run ended on three non-words with only the secret left), while words that some training board used as a
-label it spells. This stage reads a bare-guess SFT data folder (`data self-play` or `data` output with context
-`summary`), takes the boards of its train records, and for every answer word adds `per_word` examples (each
-`copies` times) on the boards where that word fits the clues with the fewest other answers, as a guess that is
-not the secret (`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers.
-Every answer is treated alike; the secrets stay the folder's train secrets, so no test word is ever a secret.
-The train records and the new ones are shuffled together; valid records are copied as they are. Everything
-passes `data`'s replay check before the folder is written (atomically). Measured (docs/RESULTS.md):
-`--max-candidates 5 --copies 4` raised one SFT pass from 63 to 73 / 200 held out, all of it on the test words
-it taught to say; a second seed of that pass won 60 (the taught words 14, against 5-7 without coverage).
+A 270M model that has narrowed a held-out game to one answer often cannot spell it (most of one run's losses
+ended on non-words with only the secret left), while words that some training board used as a label it
+spells. This stage reads a bare-guess SFT data folder (`data self-play` or `data` output with context
+`summary`), takes the boards of its train records, and for every answer word adds one example (`copies` times)
+on the board where that word fits the clues with the fewest other answers, as a guess that is not the secret
+(`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers. Every answer is
+treated alike; the secrets stay the folder's train secrets, so no test word is ever a secret. The train records
+and the new ones are shuffled together; valid records are copied as they are. Everything passes `data`'s replay
+check before the folder is written (atomically). What it changes in held-out play: docs/RESULTS.md ("Coverage
+labels").
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -40,14 +40,14 @@ from .entropy import load_table
 class CoverConfig(StrictModel):
     data: str = Field("data/self-play", description="Input SFT data folder (train.jsonl, valid.jsonl, stats.json).")
     out: str = Field("data/cover", description="Output folder: the input's records plus the coverage examples.")
-    per_word: int = Field(1, ge=1, le=16, description="Distinct boards per answer word.")
     copies: int = Field(4, ge=1, le=16, description="Times each coverage example appears (as self-play repeats "
                         "its busy boards); a board's tight spots are few, so this is how a word is said more often.")
     max_candidates: int | None = Field(5, ge=2, description=(
         "Only boards on which at most this many answers fit (None: any board, down to the empty one). Labels on "
-        "broad boards (e.g. 61 answers after one guess) taught odd early guesses and raised non-words."))
+        "broad boards taught odd early guesses and raised non-words (docs/RESULTS.md)."))
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Shuffle of the merged train records.")
     progress: bool = Field(True, description="Show progress.")
+    REMOVED: ClassVar[dict[str, str]] = {"per_word": "one board per answer word; copies repeats it"}
 
 
 def read_folder(folder: Path) -> tuple[list[dict], list[dict], dict]:
@@ -85,8 +85,7 @@ def run(cfg: CoverConfig) -> dict:
         boards.append((meta["secret"], meta["history"]))
     if any(secret in splits["test"] for secret, _ in boards):
         raise UserError(f"cover: {src / 'train.jsonl'} has a test secret; refusing to build on it")
-    examples, uncovered = coverage_examples(boards, solver.table.answers, solver, cfg.per_word,
-                                             cfg.max_candidates)
+    examples, uncovered = coverage_examples(boards, solver.table.answers, solver, cfg.max_candidates)
     records = []
     for ex in examples:
         history = [(g, feedback(g, ex.secret)) for g in ex.history]
@@ -100,7 +99,7 @@ def run(cfg: CoverConfig) -> dict:
     sizes = np.array([ex.candidates for ex in examples]) if examples else np.zeros(1)
     test = set(splits["test"])
     stats = {**stats, "coverage": {
-        "input": str(src), "per_word": cfg.per_word, "copies": cfg.copies, "max_candidates": cfg.max_candidates,
+        "input": str(src), "copies": cfg.copies, "max_candidates": cfg.max_candidates,
         "seed": cfg.seed, "examples": len(records), "records_added": len(records) * cfg.copies,
         "input_train_records": len(train), "words_covered": len({ex.word for ex in examples}),
         "uncovered_words": uncovered, "test_words_as_labels": len({ex.word for ex in examples} & test),

@@ -2,15 +2,15 @@
 
 It writes mlx-lm chat JSONL (`train.jsonl`, `valid.jsonl`: `{"messages": [...], "meta": {...}}`;
 mlx-lm's ChatDataset reads only `messages`, so `mlx_lm.lora --data DIR` trains on these files as they
-are). The prompt is `prompts.build_messages` for a seeded board; the target is `format_reply(think,
-guess)` where the guess is the teacher's: the greedy-entropy choice, or the best-splitting candidate
-when at most `candidate_threshold` candidates remain; the think text comes from `game/thinking.py`.
-With `turns_per_game > 1` the teacher keeps playing from the seeded start and every turn is its own
-example; `max_copies` caps how often one (prompt, target) example may occur (teacher games from the empty
-board would otherwise spend a quarter of the data on the opener board). Secrets come from the fixed split (train for train, valid for valid; never test: asserted), every
-record is replayed through the engine before anything is written (`replay_problem`), and `stats.json`
-records counts, the history-length histogram, target length and the replay check. Output depends only
-on the config and the seed.
+are). The prompt is `prompts.build_messages` for a seeded board (`history.k_weights` draws how many earlier
+guesses; `game/seeding.py` with the mix `SEED_MIX`); the target is `format_reply(think, guess)` where the guess
+is the teacher's, the best-splitting fitting answer (`Solver.best_candidate`), and the think text comes from
+`game/thinking.py`. The teacher keeps playing from the seeded start to the end of the game and every turn is
+its own example; `max_copies` caps how often one (prompt, target) example may occur (teacher games from the
+empty board would otherwise fill the data with the opener board). Secrets come from the fixed split (train for
+train, valid for valid; never test: asserted), every record is replayed through the engine before anything is
+written (`replay_problem`), and `stats.json` records counts, the history-length histogram, target length and
+the replay check. Output depends only on the config and the seed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
+
 import numpy as np
+from mlx_lm.utils import load_tokenizer
 from pydantic import Field, model_validator
 
 from ..config import StrictModel, display_path, resolve_path
@@ -33,20 +36,25 @@ from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
 from ..game.thinking import ThinkStyle, think_text
+from ..game.words import BUILTIN_LISTS
+from ..llm.model.models import resolve_model
 from ..llm.play.prompts import (NOT_A_WORD, NOT_FIVE_LETTERS, REPLY_ERRORS, PromptConfig, TurnText, build_messages,
-                           format_reply, parse_reply)
+                                format_reply, parse_reply)
 from ..metrics import read_jsonl
 from ..progress import console, progress_bar
 from .entropy import load_table
 
 
+# how seeded guesses are chosen (`seeding.HistoryPolicy`): solver, random and mistake shares, openers drawn from
+SEED_MIX = {"solver": 0.3, "random": 0.55, "mistake": 0.15, "opener_top": 50}
+FIXED_MIX = "the mix of seeded guesses is fixed (data.SEED_MIX); only history.k_weights remains"
+
+
 class HistoryConfig(StrictModel):
-    """Fields of `seeding.HistoryPolicy`: P(k seeded guesses) and the mix of ways to choose them."""
-    k_weights: list[float] = Field([0.2, 0.2, 0.2, 0.2, 0.2], description="P(k seeded guesses), k = 0, 1, ...")
-    solver: float = Field(0.4, ge=0)
-    random: float = Field(0.45, ge=0)
-    mistake: float = Field(0.15, ge=0)
-    opener_top: int = Field(50, ge=1)
+    """The seeded boards: P(k seeded guesses); the ways to choose them are `SEED_MIX`."""
+    k_weights: list[float] = Field([0.5, 0.2, 0.15, 0.1, 0.05], description="P(k seeded guesses), k = 0, 1, ...")
+    REMOVED: ClassVar[dict[str, str]] = {"solver": FIXED_MIX, "random": FIXED_MIX, "mistake": FIXED_MIX,
+                                         "opener_top": FIXED_MIX}
 
     @model_validator(mode="after")
     def _valid_policy(self) -> "HistoryConfig":
@@ -54,7 +62,7 @@ class HistoryConfig(StrictModel):
         return self
 
     def policy(self) -> HistoryPolicy:
-        return HistoryPolicy(tuple(self.k_weights), self.solver, self.random, self.mistake, self.opener_top)
+        return HistoryPolicy(tuple(self.k_weights), **SEED_MIX)
 
 
 class DataConfig(StrictModel):
@@ -63,11 +71,8 @@ class DataConfig(StrictModel):
     seed: int = Field(0, description="Secrets, seeded boards and retry examples.")
     train_examples: int = Field(10000, ge=1, description="Seeded examples in train.jsonl.")
     valid_examples: int = Field(300, ge=1, description="Seeded examples in valid.jsonl.")
-    think_style: ThinkStyle = Field("none", description="Reasoning written before the guess: none, brief or full.")
-    max_named: int = Field(5, ge=0, description="Candidates named in the think text.")
-    candidate_threshold: int = Field(100000, ge=1, description="With at most this many candidates, play one of "
-                                     "them (the best-splitting); above, the solver's guess.")
-    turns_per_game: int = Field(6, ge=1, le=MAX_GUESSES, description="Teacher turns per seeded start.")
+    think_style: ThinkStyle = Field("none", description="Reasoning written before the guess: none, brief, pattern "
+                                    "or full (`game/thinking.py`).")
     retry_fraction: float = Field(0.1, ge=0, le=1, description="Share of examples whose prompt reports an "
                                   "invalid previous reply (as the game engine does), so the model learns to recover.")
     max_copies: int | None = Field(100, ge=1, description="Keep at most this many copies of one (prompt, "
@@ -80,13 +85,16 @@ class DataConfig(StrictModel):
                                                 "its traffic, the number of the split's secrets whose game passes "
                                                 "through it, capped here: empty_board_copies x min(traffic, cap) "
                                                 "copies. None: every board empty_board_copies times.")
-    history: HistoryConfig = Field(default_factory=lambda: HistoryConfig(
-        k_weights=[0.5, 0.2, 0.15, 0.1, 0.05], solver=0.3, random=0.55, mistake=0.15))
+    history: HistoryConfig = Field(default_factory=HistoryConfig)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     answers_list: str = Field("answers", description="'answers' or a word-list file.")
     allowed_list: str = Field("allowed", description="'allowed', 'nyt' or a word-list file.")
     tokenizer: str | None = Field(None, description="Model spec whose tokenizer counts target tokens.")
     progress: bool = Field(True, description="Show progress bars.")
+    REMOVED: ClassVar[dict[str, str]] = {
+        "max_named": "a think text names 5 candidates (game/thinking.py MAX_NAMED)",
+        "candidate_threshold": "the teacher always plays the best-splitting fitting answer",
+        "turns_per_game": "the teacher plays every seeded game to its end"}
 
     @model_validator(mode="after")
     def _think_matches_prompt(self) -> "DataConfig":
@@ -115,19 +123,9 @@ def invalid_reply(rng: random.Random, table: PatternTable) -> tuple[str, str]:
         word = rng.choice(table.guesses)
 
 
-def teacher_guess(solver: Solver, cols: np.ndarray, candidate_threshold: int) -> str:
-    """The solver's guess, or the best-splitting candidate (ties: alphabetical) when few candidates remain."""
-    if len(cols) <= candidate_threshold:
-        return solver.best_candidate(cols)
-    return solver.table.guesses[solver.best_guess_row(cols)]
-
-
 @functools.lru_cache(maxsize=2)
 def load_tokenizer_for(spec: str):
     """The tokenizer of model `spec`, loaded once per run (the word set and the target counts share it)."""
-    from mlx_lm.utils import load_tokenizer
-
-    from ..llm.model.models import resolve_model
     return load_tokenizer(resolve_model(spec))
 
 
@@ -146,20 +144,18 @@ def secret_stream(words: list[str], rng: random.Random):
 
 def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solver, policy: HistoryPolicy,
                  empty_board: bool = False) -> list[dict]:
-    """One seeded start for `secret` (or the empty board), then up to `turns_per_game` teacher turns, one
+    """One seeded start for `secret` (or the empty board), then the teacher's turns to the end of the game, one
     example each."""
     seeded, mode = ([], "empty") if empty_board else seed_history(secret, rng, solver, policy)
     guesses = list(seeded)
     turns: list[TurnText] = []
     out = []
-    for _ in range(cfg.turns_per_game):
-        if len(guesses) >= MAX_GUESSES or (guesses and guesses[-1] == secret):
-            break
+    while len(guesses) < MAX_GUESSES and secret not in guesses:
         history = [(g, feedback(g, secret)) for g in guesses]
         cols = solver.candidate_columns(history)
-        guess = teacher_guess(solver, cols, cfg.candidate_threshold)
+        guess = solver.best_candidate(cols)
         cands = [solver.table.answers[c] for c in cols]
-        think = think_text(history, cands, guess, cfg.think_style, cfg.max_named)
+        think = think_text(history, cands, guess, cfg.think_style)
         retry = None
         if cfg.retry_fraction and rng.random() < cfg.retry_fraction:
             retry = invalid_reply(rng, solver.table)
@@ -266,7 +262,7 @@ def empty_board_examples(words: list[str], cfg: DataConfig, rng: random.Random, 
     min(traffic, cap) times instead, traffic being how many secrets' games pass through it: the boards
     that gate many games (the second boards) weigh more than a late board one secret reaches. Its meta
     names the first secret that reached it."""
-    whole_games = cfg.model_copy(update={"retry_fraction": 0.0, "turns_per_game": MAX_GUESSES})
+    whole_games = cfg.model_copy(update={"retry_fraction": 0.0})
     distinct: dict[str, dict] = {}
     traffic: Counter = Counter()
     for secret in words:
@@ -311,7 +307,6 @@ def split_stats(records: list[dict], cfg: DataConfig) -> dict:
 
 def word_list_spec(cfg: DataConfig, spec: str) -> str:
     """A builtin list name as is; a file path resolved against the config file's folder."""
-    from ..game.words import BUILTIN_LISTS
     return spec if spec in BUILTIN_LISTS else str(resolve_path(cfg, spec))
 
 
@@ -338,7 +333,7 @@ def run(cfg: DataConfig) -> dict:
     for split, records in data.items():
         write_text_atomic(out / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     stats = {"mode": "sft", "seed": cfg.seed, "think_style": cfg.think_style,
-             "prompt": cfg.prompt.model_dump(), "history": cfg.history.model_dump(),
+             "prompt": cfg.prompt.model_dump(), "history": {**cfg.history.model_dump(), **SEED_MIX},
              "split_sizes": {name: len(words) for name, words in splits.items()},
              "replay_check": {"records": sum(len(r) for r in data.values()), "passed": sum(len(r) for r in data.values())},
              **{split: split_stats(records, cfg) for split, records in data.items()}}

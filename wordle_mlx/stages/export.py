@@ -1,20 +1,20 @@
 """`wordle-mlx export`: a trained player as one GGUF file for llama.cpp, its reply grammar, and an Ollama Modelfile.
 
-Loads the base model with the LoRA adapter (mlx-lm's loader), and writes every text weight of the
-Gemma 3 model with the LoRA fused in float32 (W + scale * B^T A^T, as mlx-lm's `fuse` computes it, but
-in float32 whatever the base dtype; a 4-bit base is dequantised first), one tensor at a time, through
-`llm.model.gguf_export` as f32, f16 or q8_0. Only text weights are written: a Gemma 3 4B folder's vision
-tower and projector are left out, and the output says so. The tokenizer comes from the bundled GGUF
-for `builtin:gemma-3-270m`, from the source `.gguf` for GGUF models, from `tokenizer.model`
-(SentencePiece) of a model folder when it has one, else from its `tokenizer.json`. The GGUF also
-records the adapter's prompt format (`wordle_mlx.prompt`, `wordle_mlx.system_prompt`) and, when the adapter records
-them, the decoding it was trained for and whether its reply tags were trained (`wordle_mlx.decode`,
-`wordle_mlx.trained_tags`). Beside it go a GBNF grammar for the decoding the adapter records (`grammar` when it
-records none): `NAME.gbnf` (`llm.play.gbnf`), usage notes for llama.cpp and llama-cpp-python (`NAME.llamacpp.md`) and,
-for a player that can play free, the Ollama Modelfile (`NAME.Modelfile`; `export_files`). Ollama takes no grammar:
-an adapter that records that its reply tags were never trained gets no Modelfile (with a one-line warning), and
-`--ollama` with such an adapter is refused before anything is written. Every file is written to a temporary
-file and renamed only once all are written, so a failure leaves nothing behind.
+Loads the base model with the LoRA adapter (mlx-lm's loader), and writes every text weight of the Gemma 3 model with
+the LoRA fused in float32 (W + scale * B^T A^T, as mlx-lm's `fuse` computes it, but in float32 whatever the base
+dtype; a 4-bit base is dequantised first), one tensor at a time, through `llm.model.gguf_export` as `dtype` float32,
+float16 or q8 (GGUF's f32, f16, q8_0). Only text weights are written: a Gemma 3 4B folder's vision tower and
+projector are left out, and the output says so. The tokenizer comes from the bundled GGUF for
+`builtin:gemma-3-270m`, from the source `.gguf` for GGUF models, from `tokenizer.model` (SentencePiece) of a model
+folder when it has one, else from its `tokenizer.json`. The GGUF also records the adapter's prompt format
+(`wordle_mlx.prompt`, `wordle_mlx.system_prompt`) and, when the adapter records them, the decoding it was trained
+for and whether its reply tags were trained (`wordle_mlx.decode`, `wordle_mlx.trained_tags`). Beside it go a GBNF
+grammar for the decoding the adapter records (`grammar` when it records none): `NAME.gbnf` (`llm.play.gbnf`), usage
+notes for llama.cpp and llama-cpp-python (`NAME.llamacpp.md`) and, for a player that can play free, the Ollama
+Modelfile (`NAME.Modelfile`; `export_files`). Ollama takes no grammar: an adapter that records that its reply tags
+were never trained gets no Modelfile (with a one-line warning), and `--ollama` with such an adapter is refused
+before anything is written. Every file is written to a temporary file and renamed only once all are written, so a
+failure leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -26,12 +26,29 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Literal, Optional
+from typing import ClassVar, Optional
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.tuner.lora import LoRALinear
+from pydantic import Field, field_validator
 
 from ..config import StrictModel, display_path, read_json_file, resolve_path
 from ..errors import UserError
+from ..fileio import atomic_path
+from ..game.words import guess_list
+from ..llm.model.gguf_export import Vocab, folder_vocab, text_args, vocab_from_gguf, write_gguf
+from ..llm.model.gguf_import import bundled_gemma_270m_gguf
+from ..llm.model.models import BUILTIN_PREFIX, load_model, resolve_model
+from ..llm.model.tiny_model import tiny_vocab
+from ..llm.model.tokenizer_build import GEMMA3_CHAT_TEMPLATE
+from ..llm.play.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
+from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
+from ..llm.play.reply_grammar import adapter_decoding, effective_mode
 from ..progress import console
 from .export_files import STOP_PIECE, USAGE_SUFFIX, modelfile_text, usage_text
+from .fuse import local_model_folder
+from .precision import EXPORT_DTYPES, GGUF_TYPES, accepted_dtype
 
 DEFAULT_MODEL = "builtin:gemma-3-270m"
 NON_TEXT_PREFIXES = ("vision_tower.", "multi_modal_projector.")
@@ -42,10 +59,17 @@ class ExportConfig(StrictModel):
     adapter: str
     out: str
     model: Optional[str] = None          # default: the adapter's base_model, else builtin:gemma-3-270m
-    gguf_type: Literal["f32", "f16", "q8_0"] = "f32"
+    dtype: str = Field("float32", description="Matrix storage: float32, float16 or q8 (GGUF's f32, f16, q8_0; norms "
+                       "stay float32); the vocabulary of `stages/precision.py`.")
     overwrite: bool = False
     ollama: Optional[bool] = None        # None: a Modelfile when the adapter can play free; True: required
     json_output: bool = False
+    RENAMED: ClassVar[dict[str, str]] = {"gguf_type": "dtype"}
+
+    @field_validator("dtype")
+    @classmethod
+    def _export_writes(cls, value: str) -> str:
+        return accepted_dtype("export", value, EXPORT_DTYPES)
 
 
 def read_adapter(folder: Path) -> dict:
@@ -66,8 +90,6 @@ def read_adapter(folder: Path) -> dict:
 
 def dense_weight(module):
     """A linear/embedding/norm module's weight as float32, dequantised if the module is quantised."""
-    import mlx.core as mx
-
     if "scales" in module:
         return mx.dequantize(module.weight, module.scales, module.get("biases"), group_size=module.group_size,
                              bits=module.bits, mode=getattr(module, "mode", "affine")).astype(mx.float32)
@@ -81,16 +103,11 @@ def dense_shape(module) -> tuple:
 
 def fused_lora_weight(module):
     """W + scale * B^T A^T in float32 (mlx-lm's LoRALinear.fuse, without rounding the update to W's dtype)."""
-    import mlx.core as mx
-
     a, b = module.lora_a.astype(mx.float32), module.lora_b.astype(mx.float32)
     return dense_weight(module.linear) + (module.scale * b.T) @ a.T
 
 
 def to_numpy(produce, rows: int | None = None):
-    import mlx.core as mx
-    import numpy as np
-
     values = produce()
     if rows is not None:
         values = values[:rows]
@@ -107,8 +124,6 @@ def text_weight_sources(text, vocab_size: int) -> list[tuple]:
 
     Embedding (and untied output) rows past the tokenizer's vocabulary are dropped, as llama.cpp's
     converter does (Gemma 3 4B pads 262144 pieces to 262208 rows)."""
-    from mlx_lm.tuner.lora import LoRALinear
-
     modules = dict(text.named_modules())
     lora = [name for name, m in modules.items() if isinstance(m, LoRALinear)]
     sources = []
@@ -132,14 +147,9 @@ def text_weight_sources(text, vocab_size: int) -> list[tuple]:
 
 
 def export_vocab(spec: str, folder: Path | None):
-    from ..llm.model.gguf_export import Vocab, folder_vocab, vocab_from_gguf
-    from ..llm.model.gguf_import import bundled_gemma_270m_gguf
-    from ..llm.model.models import BUILTIN_PREFIX
-
     if spec == BUILTIN_PREFIX + "gemma-3-270m":
         return vocab_from_gguf(bundled_gemma_270m_gguf())
     if spec == BUILTIN_PREFIX + "tiny-random":
-        from ..llm.model.tiny_model import tiny_vocab
         return Vocab(*tiny_vocab(), source=spec)
     if spec.lower().endswith(".gguf"):
         return vocab_from_gguf(Path(spec).expanduser())
@@ -187,15 +197,6 @@ def ollama_choice(cfg: ExportConfig, adapter: Path, recorded: str | None, traine
 
 
 def run(cfg: ExportConfig) -> dict:
-    from ..fileio import atomic_path
-    from ..game.words import guess_list
-    from ..llm.play.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
-    from ..llm.model.gguf_export import text_args, write_gguf
-    from ..llm.model.models import load_model, resolve_model
-    from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
-    from ..llm.play.reply_grammar import adapter_decoding, effective_mode
-    from ..llm.model.tokenizer_build import GEMMA3_CHAT_TEMPLATE
-
     start = time.perf_counter()
     out, adapter = resolve_path(cfg, cfg.out), resolve_path(cfg, cfg.adapter)
     if out.suffix.lower() != ".gguf":
@@ -218,11 +219,7 @@ def run(cfg: ExportConfig) -> dict:
     model, tokenizer = load_model(spec, adapter_path=adapter)
     text = getattr(model, "language_model", model)
     args = text_args(model, spec)
-    location = resolve_model(spec)
-    if isinstance(location, str):   # a Hugging Face repo id, downloaded by mlx-lm's loader already
-        from mlx_lm.utils import _download
-        location = Path(_download(location))
-    folder = Path(location)
+    folder = local_model_folder(resolve_model(spec))   # a Hub id: downloaded by mlx-lm's loader already
     vocab = export_vocab(spec, folder)
     check_vocab(vocab, tokenizer)
     quantized = "scales" in text.model.embed_tokens
@@ -246,13 +243,13 @@ def run(cfg: ExportConfig) -> dict:
     if files["modelfile"] is not None:
         texts["modelfile"] = modelfile_text(out.name, system, describe_state([], style=prompt.style), source)
     if not cfg.json_output:
-        console.print(f"exporting {spec} + adapter {display_path(adapter)} -> {display_path(out)} ({cfg.gguf_type}, "
+        console.print(f"exporting {spec} + adapter {display_path(adapter)} -> {display_path(out)} ({cfg.dtype}, "
                       "LoRA fused in float32"
                       + (", dequantised from the quantised base" if quantized else "") + ")")
     with contextlib.ExitStack() as stack:      # every file renamed into place only when all are written
         for key, body in texts.items():
             stack.enter_context(atomic_path(files[key])).write_text(body)
-        counts = write_gguf(stack.enter_context(atomic_path(out)), args, sources, vocab, gguf_type=cfg.gguf_type,
+        counts = write_gguf(stack.enter_context(atomic_path(out)), args, sources, vocab, gguf_type=GGUF_TYPES[cfg.dtype],
                             chat_template=getattr(tokenizer, "chat_template", None) or GEMMA3_CHAT_TEMPLATE,
                             name=f"{adapter.name} ({spec} + LoRA)", extra=extra)
     stale = [p for key, p in every.items() if files[key] is None and p.exists()]
@@ -262,7 +259,7 @@ def run(cfg: ExportConfig) -> dict:
     shown = {key: display_path(p) if p is not None else None for key, p in files.items()}
     result = {"out": shown["gguf"], "grammar": shown["grammar"], "usage": shown["usage"], "modelfile": shown["modelfile"],
               "no_modelfile_reason": no_modelfile, "removed": [display_path(p) for p in stale],
-              "type": cfg.gguf_type, "model": spec,
+              "dtype": cfg.dtype, "gguf_type": GGUF_TYPES[cfg.dtype], "model": spec,
               "adapter": display_path(adapter), "tensors": counts["tensors"], "vocab": counts["vocab"],
               "tokenizer": vocab.source, "non_text_tensors_left_out": skipped, "dequantized": quantized,
               "prompt": "recorded by the adapter" if recorded else "default (the adapter records none)",

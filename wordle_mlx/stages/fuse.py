@@ -25,17 +25,30 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pydantic import Field
+import mlx.core as mx
+import mlx_lm
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.utils import dequantize_model, hf_repo_to_path, load_config as load_model_config, save
+from pydantic import Field, field_validator
 
 from ..config import StrictModel, display_path
 from ..errors import UserError
+from ..llm.model.cpu_kernels import use_fast_gelu
+from ..llm.model.fuse_bounds import logits_limit, unit_roundoff, weight_error
+from ..llm.model.models import load_model, resolve_model
+from ..llm.play.prompts import PromptConfig, build_messages
 from ..llm.training.grpo_loss import lora_disabled
+from .precision import FUSE_DTYPES, accepted_dtype
+
+
+def local_model_folder(location: Path | str) -> Path:
+    """The folder of a model `resolve_model` located: a local folder as it is, a Hub id's downloaded snapshot
+    (the loader fetched it already, so this does not download)."""
+    return Path(location) if Path(location).exists() else hf_repo_to_path(str(location))
 
 
 def use_fast_gelu_like(fresh, loaded_by_us):
     """`fresh` (loaded by plain mlx-lm) with the GELU kernel `loaded_by_us` (`llm.model.models.load_model`) uses."""
-    from ..llm.model.cpu_kernels import use_fast_gelu
-
     if any(type(m).__name__.startswith("FastGelu") for _, m in loaded_by_us.named_modules()):
         use_fast_gelu(fresh)
     return fresh
@@ -45,7 +58,8 @@ class FuseConfig(StrictModel):
     model: str = "builtin:gemma-3-270m"
     adapter: str
     out: str
-    dtype: str | None = None
+    dtype: str | None = Field(None, description="float32, bfloat16 or float16 (default: float32 on CPU); the "
+                              "vocabulary of `stages/precision.py`.")
     rtol: float = Field(1e-4, ge=0, description="Relative tolerance (to the largest |logit|) of the check, on top "
                         "of the rounding and quantization allowance of `fuse_bounds.logits_limit`.")
     atol: float = Field(1e-4, ge=0)
@@ -53,14 +67,18 @@ class FuseConfig(StrictModel):
                              "float dtype, or `dtype`) rather than re-quantized.")
     overwrite: bool = False
 
+    @field_validator("dtype")
+    @classmethod
+    def _fuse_writes(cls, value: str | None) -> str | None:
+        return accepted_dtype("fuse", value, FUSE_DTYPES)
+
+
 REQUANTIZED_SHARE = 0.5    # a re-quantized fuse may be off base + adapter by at most this share of the adapter's effect
 VISION_NOTE = "vision part dropped: the fused model is text-only (mlx-lm loads Gemma 3's language model only)"
 
 
 def check_batch(tokenizer) -> list[int]:
     """Token ids of a fixed prompt (a board with two guesses) rendered with the chat template."""
-    from ..llm.play.prompts import PromptConfig, build_messages
-
     messages = build_messages(PromptConfig(), [("soare", "XXYXG"), ("clint", "YXXXX")])
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
 
@@ -68,9 +86,6 @@ def check_batch(tokenizer) -> list[int]:
 def fuse_lora_layers(model, dequantize: bool = False, check=None) -> int:
     """Replace every module that has `fuse()` (mlx-lm's LoRA layers) by its fused layer; returns how many.
     `check(name, lora_layer, fused_layer)` runs on each pair as it is made (one layer's copies at a time)."""
-    import mlx.core as mx
-    from mlx.utils import tree_unflatten
-
     fused = []
     for name, module in [(n, m) for n, m in model.named_modules() if hasattr(m, "fuse")]:
         layer = module.fuse(dequantize=dequantize)
@@ -90,21 +105,11 @@ def without_adapter(model, inputs):
 
 
 def max_difference(a, b) -> tuple[float, float]:
-    import mlx.core as mx
-
     a, b = a.astype(mx.float32), b.astype(mx.float32)
     return mx.abs(a - b).max().item(), mx.abs(a).max().item()
 
 
 def run(cfg: FuseConfig) -> dict:
-    import mlx.core as mx
-    import mlx_lm
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import _download, dequantize_model, load_config as load_model_config, save
-
-    from ..llm.model.fuse_bounds import logits_limit, unit_roundoff, weight_error
-    from ..llm.model.models import load_model, resolve_model
-
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
         raise UserError(f"--out {display_path(out)}: already exists; pass --overwrite to replace it")
@@ -128,7 +133,7 @@ def run(cfg: FuseConfig) -> dict:
     n_fused = fuse_lora_layers(model, cfg.dequantize, check_weights)
     if n_fused == 0:
         raise UserError(f"adapter {cfg.adapter}: no LoRA layers to fuse")
-    source = Path(_download(str(resolve_model(cfg.model, cfg.dtype))))
+    source = local_model_folder(resolve_model(cfg.model, cfg.dtype))
     config = load_model_config(source)
     quantized = "quantization" in config or "quantization_config" in config
     if cfg.dequantize:

@@ -2,7 +2,8 @@
 
 `python benchmarks/distributed_scaling.py [--steps 4] [--batch-prompts 4] [--generations 4]` runs the real
 `wordle-mlx train` stage on the tiny model twice: once as a plain process, once under
-`mlx.launch -n 2 --backend ring` (each rank plays half of the B prompts), and reports the median
+`mlx.launch -n 2 --backend ring` (each rank plays half of the B games, G replies sampled to each board
+plus the greedy one the game goes on with), and reports the median
 rollout / update / step seconds of steps 2.. (step 1 includes compilation warm-up). Each rank also times
 `mx.distributed.all_sum` of a float32 vector the size of the LoRA gradient of gemma-3-270m and of
 gemma-3-4b (rank 8, all linear layers) over the ring backend on localhost. On a box with 2 cores the two
@@ -38,12 +39,16 @@ def child(args) -> None:
     from wordle_mlx.stages import grpo
 
     world = init_world()
+    # words decoding: every reply of the random model is an allowed word, whose info gain differs from its
+    # group's others, so the groups have a reward spread and every step runs the update and its all_sum
     cfg = validate_config({
-        "model": {"name": "builtin:tiny-random"}, "lora": {"rank": 8},
-        "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": args.steps, "batch_prompts": args.batch_prompts, "save_every": 0, "seed": 1},
-        "rl": {"mode": "episode", "num_generations": args.generations, "max_completion_tokens": 24, "prompt": {"require_think": False}},
-        "reward": {"length": 0.02, "early": 1.2}, "game_eval": {"every": 0},
-        "logs_dir": args.out, "run_name": f"ranks{world.size}", "progress": False}, grpo.GRPOConfig, "bench")
+        "model": {"name": "builtin:tiny-random", "adapter": None}, "lora": {"rank": 8},
+        "optimizer": {"name": "adamw", "min_lr_ratio": 0.0},
+        "run": {"steps": args.steps, "save_every": 0, "seed": 1, "logs_dir": args.out, "name": f"ranks{world.size}",
+                "progress": False},
+        "rl": {"batch_prompts": args.batch_prompts, "num_generations": args.generations},
+        "decode": "words", "max_tokens": 16, "reward": {"early": 1.2}, "validation": {"every": 0}},
+        grpo.GRPOConfig, "bench")
     grpo.run(cfg)
     allsum = {}
     if world.size > 1:
@@ -87,7 +92,8 @@ def main() -> None:
                     sys.executable, "--", *me], check=True, cwd=REPO, stdin=subprocess.DEVNULL)
     one, two = summary(out / "ranks1"), summary(out / "ranks2")
     allsum = json.loads((out / "allsum2.json").read_text())
-    result = {"cpu_count": os.cpu_count(), "global_batch": f"{args.batch_prompts} prompts x {args.generations} games",
+    result = {"cpu_count": os.cpu_count(),
+              "global_batch": f"{args.batch_prompts} games x ({args.generations} + greedy) replies a board",
               "1_rank": one, "2_ranks": two, "allsum_lora_grad_localhost": allsum}
     print(json.dumps(result, indent=2))
     print(f"speedup {one['step_s'] / two['step_s']:.2f}")      # 1 rank's median step seconds over 2 ranks'

@@ -35,23 +35,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SFT_STEPS, SFT_SAVE_EVERY = 8, 2
-GRPO_STEPS, GRPO_CHECKPOINT_EVERY = 6, 2
+GRPO_STEPS, GRPO_SAVE_EVERY = 6, 2
 CONFIGS = {
     "data.json": {"out": "data", "train_examples": 8, "valid_examples": 4, "think_style": "brief"},
-    "sft.json": {"model": "builtin:tiny-random", "data": "data", "logs_dir": "logs", "run_name": "sft",
-                 "steps": SFT_STEPS, "batch_size": 2, "learning_rate": 1e-2, "warmup_steps": 1, "valid_every": 0,
-                 "save_every": SFT_SAVE_EVERY, "keep_checkpoints": 2, "lora": {"rank": 4, "dropout": 0.1}},
-    "grpo.json": {"model": {"name": "builtin:tiny-random"}, "lora": {"rank": 4, "scale": 10.0},
-                  "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": GRPO_STEPS, "batch_prompts": 1, "learning_rate": 1e-3,
-                               "save_every": GRPO_CHECKPOINT_EVERY, "keep_checkpoints": 2, "seed": 3},
-                  "rl": {"mode": "episode", "num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 1,
-                         "temperature": 1.0, "prompt": {"require_think": False}},
-                  "reward": {"length": 0.02, "early": 1.2}, "game_eval": {"every": 0},
-                  "logs_dir": "logs", "run_name": "grpo"},
+    "sft.json": {"model": {"name": "builtin:tiny-random"}, "data": {"folder": "data", "batch_size": 2},
+                 "run": {"logs_dir": "logs", "name": "sft", "steps": SFT_STEPS, "save_every": SFT_SAVE_EVERY},
+                 "optimizer": {"learning_rate": 1e-2, "warmup_steps": 1}, "validation": {"every": 0},
+                 "lora": {"rank": 4, "dropout": 0.1}},
+    # words decoding: every reply of the random model is an allowed word, whose info gain differs from its
+    # group's others, so every step has groups with a reward spread and runs a real update
+    "grpo.json": {"model": {"name": "builtin:tiny-random", "adapter": None}, "lora": {"rank": 4, "scale": 10.0},
+                  "optimizer": {"name": "adamw", "min_lr_ratio": 0.0, "learning_rate": 1e-3},
+                  "run": {"logs_dir": "logs", "name": "grpo", "steps": GRPO_STEPS, "save_every": GRPO_SAVE_EVERY,
+                          "seed": 3},
+                  "rl": {"batch_prompts": 1, "num_generations": 3, "temperature": 1.0}, "decode": "words",
+                  "max_tokens": 16, "reward": {"early": 1.2}, "validation": {"every": 0}},
 }
-# command -> (CLI subcommand, config file, metrics kind, total steps, checkpoints written by a full run)
+# command -> (CLI subcommand, config file, metrics kind, total steps, checkpoints written by a full run: one every
+# save_every steps before the last, and one at the last)
 STAGES = {"sft": ("sft", "sft.json", "sft", SFT_STEPS, SFT_STEPS // SFT_SAVE_EVERY),
-          "train": ("train", "grpo.json", "train", GRPO_STEPS, GRPO_STEPS // GRPO_CHECKPOINT_EVERY + 1)}
+          "train": ("train", "grpo.json", "train", GRPO_STEPS, GRPO_STEPS // GRPO_SAVE_EVERY)}
 
 
 def cli_command() -> list[str]:
@@ -217,15 +220,17 @@ def check_finished_run(run_dir: Path, kind: str, total_steps: int, ref: Referenc
 
 
 def disk_full_trial(ws: Path) -> Trial:
-    """SFT with its run folder on a 400 KB tmpfs: the 4th checkpoint (~116 KB each, all kept) cannot fit."""
+    """SFT with its run folder on a 300 KB tmpfs: the 3rd checkpoint (~116 KB each; a run keeps its two newest,
+    removing the older ones after writing a new one) cannot fit beside the two before it."""
     trial = Trial("sft-disk-full", "tmpfs")
     mnt = Path(tempfile.mkdtemp(prefix="wordle-full-"))
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mnt)], capture_output=True).returncode:
         mnt.rmdir()
         trial.problems.append("skipped: cannot mount a tmpfs here (needs root)")
         return trial
     try:
-        cfg = dict(CONFIGS["sft.json"], logs_dir=str(mnt), keep_checkpoints=100, data=str(ws / "data"))
+        cfg = json.loads(json.dumps(CONFIGS["sft.json"]))
+        cfg["run"]["logs_dir"], cfg["data"]["folder"] = str(mnt), str(ws / "data")
         (ws / "sft_full.json").write_text(json.dumps(cfg))
         done = run_cli(["sft", "--config", "sft_full.json"], ws)
         lines = done.stderr.strip().splitlines()

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.llm.play.rollout import RolloutConfig  # noqa: E402
 from wordle_mlx.rehearsal import first_reply_a_word, recipe_config as recipe  # noqa: E402
 
 KINDS = {"bf16": "bfloat16", "4bit": "4bit"}
@@ -46,10 +47,10 @@ KINDS = {"bf16": "bfloat16", "4bit": "4bit"}
 FULL_SIZE_DTYPE = {"bf16": "bfloat16", "4bit": "float32"}
 # GRPO at full size plays boards with 5 guesses already on them (the longest prompts, which the planner plans
 # for) in grammar decoding: a random model's replies are then non-words, so each game ends after its one turn
-# (max_invalid_replies 1) and the well-formed first reply is the only one rewarded, which gives the group the
-# spread the update needs. In the recipe's words decoding every reply is a word and they score alike; words
-# decoding runs the same letter decoder and update with one more mask, which --size tiny runs. The evals play
-# one turn of each game for the same reason.
+# (the rollout's max_invalid_replies 1, `OneInvalidReply`) and the well-formed first reply is the only one
+# rewarded, which gives the group the spread the update needs. In the recipe's words decoding every reply is a
+# word and they score alike; words decoding runs the same letter decoder and update with one more mask, which
+# --size tiny runs. The evals play one turn of each game for the same reason.
 LAST_TURN = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
 # What the full-size run leaves to --size tiny (and the test suite), and why: hours on this CPU, or more memory
 # than it has.
@@ -59,6 +60,13 @@ FULL_SIZE_SKIPS = {
     ("4bit", "fuse"): "its checks run the 4-bit model with bf16 activations, 0.35 GFLOP/s here: about 40 min",
     ("bf16", "export"): "export loads the bf16 weights as float32 on CPU: 15.5 GB beside the other runs",
 }
+
+
+class OneInvalidReply(RolloutConfig):
+    """The rollout config GRPO plays with (patched into stages/grpo.py), ending a game at its first invalid reply
+    (the stage's games end at the third): the random model's greedy reply, which the game goes on with, is not
+    a word."""
+    max_invalid_replies: int = 1
 
 
 class Variant:
@@ -122,16 +130,16 @@ class Variant:
 
     def config(self, name: str, **changes) -> dict:
         """config/gemma3-4b/`name` on this checkpoint (and, at full size, in FULL_SIZE_DTYPE), with `changes`."""
-        grpo = name.startswith("grpo")
-        model = {"model.name": self.model} if grpo else {"model": self.model}
+        training = name.startswith(("sft", "grpo"))          # SFT and GRPO: model {name, dtype, ...}
+        model = {"model.name": self.model} if training else {"model": self.model}
         if self.dtype:
-            model["model.dtype" if grpo else "dtype"] = self.dtype
+            model["model.dtype" if training else "dtype"] = self.dtype
         return recipe(name, **model, **changes)
 
     def run(self, export: bool, steps_only: bool = False) -> None:
         from wordle_mlx.config import load_config
         from wordle_mlx.llm.play import generation
-        from wordle_mlx.stages import data, evaluate, export as export_stage, fuse, plan
+        from wordle_mlx.stages import data, evaluate, export as export_stage, fuse, grpo as grpo_stage, plan
 
         v, logs, full = self.variant, str(self.root / "logs"), self.full
         for name in (f"sft-{v}.json", f"grpo-{v}.json", f"eval-{v}.json", f"self-play-{v}.json"):
@@ -143,23 +151,27 @@ class Variant:
                                                   **shortest))
         self.timed("data", lambda: data.run(load_config(data_cfg, data.DataConfig)), "16 + 4 examples")
         batch = 1 if full else 2
-        sft_cfg = self.write("sft.json", self.config(f"sft-{v}.json", data=str(self.root / "data"), logs_dir=logs,
-                                                      steps=2, batch_size=batch, valid_every=0, save_every=0,
-                                                      run_name="sft"))
+        sft_cfg = self.write("sft.json", self.config(f"sft-{v}.json", **{
+            "data.folder": str(self.root / "data"), "data.batch_size": batch, "run.logs_dir": logs, "run.steps": 2,
+            "run.save_every": 0, "run.name": "sft", "validation.every": 0}))
         sft_adapter = str(self.root / "sft-adapter")
-        grad_checkpoint = recipe(f"sft-{v}.json").get("grad_checkpoint", False)
+        grad_checkpoint = recipe(f"sft-{v}.json").get("model", {}).get("grad_checkpoint", False)
         self.plan_and_measure("sft", sft_cfg, f"batch {batch}, grad_checkpoint {grad_checkpoint}, "
                               f"{self.dtype or 'bfloat16'}", sft_adapter)
         if not self.skipped("self-play"):
             self.self_play_and_cover(sft_adapter, train_games=2)
         boards = 1 if full else 2
         grpo_cfg = self.write("grpo.json", self.config(f"grpo-{v}.json", **{
-            "model.start_adapter": sft_adapter, "logs_dir": logs, "run_name": "grpo", "training.steps": 2,
-            "training.batch_prompts": boards, "training.save_every": 0, "rl.num_generations": 2,
-            "rl.max_invalid_replies": 1, **({"prompts.k_weights": LAST_TURN, "rl.decode": "grammar"} if full else {})}))
+            "model.adapter": sft_adapter, "run.logs_dir": logs, "run.name": "grpo", "run.steps": 2,
+            "run.save_every": 0, "rl.batch_prompts": boards, "rl.num_generations": 2, "validation.every": 0,
+            **({"rl.k_weights": LAST_TURN, "decode": "grammar"} if full else {})}))
         grpo_adapter = str(self.root / "grpo-adapter")
-        with mock.patch.object(generation, "BatchedGenerator", first_reply_a_word(generation.BatchedGenerator)):
-            decode = "grammar" if full else recipe(f"grpo-{v}.json").get("rl", {}).get("decode", "grammar")
+        # the sampler is patched where the stage looks it up (stages/grpo.py imports it at the top)
+        sampler = first_reply_a_word(generation.BatchedGenerator)
+        with mock.patch.object(generation, "BatchedGenerator", sampler), \
+                mock.patch.object(grpo_stage, "BatchedGenerator", sampler, create=True), \
+                mock.patch.object(grpo_stage, "RolloutConfig", OneInvalidReply):
+            decode = "grammar" if full else recipe(f"grpo-{v}.json").get("decode", "grammar")
             self.plan_and_measure("grpo", grpo_cfg, f"{boards} board(s) x (2 + greedy), {decode} decoding, "
                                   f"{self.dtype or 'bfloat16'}", grpo_adapter)
         if steps_only:

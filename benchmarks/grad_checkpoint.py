@@ -1,7 +1,8 @@
-"""Gradient checkpointing's cost and saving: one SFT gradient step with and without `set_grad_checkpoint`.
+"""Gradient checkpointing's cost and saving: one SFT gradient step with and without `set_grad_checkpoint`
+(what `model.grad_checkpoint` turns on in `wordle-mlx sft` and `wordle-mlx train`).
 
 Each timed step is a full LoRA gradient computation (value_and_grad + eval) of the SFT loss with the shared
-prefix (the stage's default) on the same batch, the two interleaved so machine noise hits them alike; MLX's
+prefix (as the SFT stage always runs it) on the same batch, the two interleaved so machine noise hits them alike; MLX's
 peak memory is reset before every step and read after it. GRPO's update runs the same blocks
 (`logits.body_hidden`), so its ratio is of the same kind. The losses must agree (checkpointing recomputes,
 it does not approximate). Last two lines: `memory ratio X.XX` (checkpointed peak / plain peak, medians) and

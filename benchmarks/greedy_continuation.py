@@ -1,12 +1,13 @@
-"""GRPO turn-mode rollouts with `rl.turn_continue: "greedy"`: the greedy reply in the sampling batch, or apart.
+"""GRPO rollouts with the greedy reply in the sampling batch, or in a second generate call.
 
-Each turn of a turn-mode rollout samples G replies per board and, with greedy continuation, also decodes
-the policy's greedy reply to play on with. Before, that was a second generation call, which prefilled
+Each turn of a GRPO rollout samples G replies per board and also decodes the policy's greedy reply, which the
+game goes on with (and which joins its group). Before, that was a second generation call, which prefilled
 every board's prompt again and decoded B greedy rows at a small batch size. Now
 (`rollout.sample_replies_and_greedy`) the greedy reply is one more row of the sampling batch: it shares
-its prompt's prefill with the G samples. This script runs `grpo_step.rollout_turn_mode` both ways, on the
+its prompt's prefill with the G samples. This script runs `grpo_step.rollout` both ways, on the
 same boards and seeds, alternated, and prints the median seconds, the prompt tokens prefilled and the
-ratio. The two-call path is the same code called through a backend that is not a `BatchedGenerator`.
+ratio. The two-call path is the same code called through a backend that is not a `BatchedGenerator` (the
+path scripted backends take); it needs temperature 1, where the greedy reply's log-probs are the same either way.
 Last line: `speedup X.XX` (two calls over one batch, median seconds per rollout).
 Usage: python benchmarks/greedy_continuation.py [--boards 8] [--generations 8] [--repeats 2]
        [--adapter adapters/gemma-3-270m-wordle] [--model builtin:gemma-3-270m]
@@ -44,7 +45,7 @@ def main() -> None:
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm.play.generation import BatchedGenerator
-    from wordle_mlx.llm.training.grpo_step import GroupSettings, Player, rollout_turn_mode
+    from wordle_mlx.llm.training.grpo_step import Player, rollout
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import PromptConfig, choose_prompt
     from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
@@ -64,7 +65,7 @@ def main() -> None:
                         prompt=prompt)
     boards = [GameSpec(w) for w in split_words("train")[:args.boards]]
     allowed = frozenset(guess_list())
-    rewards = Rewards(RewardWeights(), answers(), mode="turn")
+    rewards = Rewards(RewardWeights(), answers())
     times = {"two calls": [], "one batch": []}
     prefilled = {"two calls": 0, "one batch": 0}
     replies = {"two calls": 0, "one batch": 0}
@@ -74,8 +75,7 @@ def main() -> None:
             generate = TwoCalls(backend) if name == "two calls" else backend
             mx.random.seed(r)
             t0 = time.perf_counter()
-            out = rollout_turn_mode(Player(model, tokenizer, generate), boards, cfg, allowed, rewards,
-                                    GroupSettings(args.generations, "greedy"))
+            out = rollout(Player(model, tokenizer, generate), boards, cfg, allowed, rewards, args.generations)
             times[name].append(time.perf_counter() - t0)
             prefilled[name] += backend.prefilled_tokens
             replies[name] += len(out.replies)

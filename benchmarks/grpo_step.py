@@ -1,11 +1,11 @@
-"""One turn-mode GRPO step, rollout plus update, in free against grammar decoding.
+"""One GRPO step, rollout plus update, in free against grammar decoding.
 
-Runs the step `wordle-mlx train` runs with its default settings (turn mode, G replies per board sampled at
-temperature 1 plus the greedy reply, which the game goes on with and which joins its group; SGD at 0.02, the
-gradient clipped to 1) on the shipped adapter, for the same B boards of train words, once with `free` decoding
-and its full-vocabulary log-probs in the update, once with `grammar` decoding and the update's log-softmax over
-the 26 letters. Each mode starts from the shipped weights. Prints each mode's rollout and update seconds,
-replies and trained tokens; last line `step_speedup X.XX` (free step seconds over grammar).
+Runs the step `wordle-mlx train` runs with its default settings (G replies per board sampled at temperature 1
+plus the greedy reply, which the game goes on with and which joins its group; SGD at 0.02, the gradient
+clipped to 1) on the shipped adapter, for the same B boards of train words, once with `free` decoding and its
+full-vocabulary log-probs in the update, once with `grammar` decoding and the update's log-softmax over the 26
+letters. Each mode starts from the shipped weights. Prints each mode's rollout and update seconds, replies and
+trained tokens; last line `step_speedup X.XX` (free step seconds over grammar).
 Usage: python benchmarks/grpo_step.py [--adapter adapters/gemma-3-270m-wordle] [--boards 4] [--generations 8]
 """
 
@@ -39,38 +39,42 @@ def main() -> None:
     from wordle_mlx.game.rewards import Rewards
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
-    from wordle_mlx.llm.training import grpo_step
     from wordle_mlx.llm.play.generation import BatchedGenerator
-    from wordle_mlx.llm.training.grpo_loss import LossSettings
+    from wordle_mlx.llm.play.prompts import PromptConfig, adapter_prompt
     from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
-    from wordle_mlx.stages.grpo import letter_choices, load_policy
+    from wordle_mlx.llm.training import grpo_step
+    from wordle_mlx.llm.training.grpo_loss import LossSettings
+    from wordle_mlx.llm.training.policy import load_policy
+    from wordle_mlx.stages.grpo import letter_choices
     from wordle_mlx.stages.grpo_config import GRPOConfig
 
-    defaults = GRPOConfig(model={"name": args.model, "start_adapter": str(Path(args.adapter).resolve())})
-    model, tokenizer, _ = load_policy(defaults)      # trainable LoRA from the adapter, as the stage loads it
+    adapter = Path(args.adapter).resolve()
+    defaults = GRPOConfig(model={"name": args.model, "adapter": str(adapter)})
+    prompt = adapter_prompt(adapter) or PromptConfig()          # the stage plays the start adapter's prompt
+    # trainable LoRA from the adapter, as the stage loads it (the decoding only goes into the adapter config)
+    model, tokenizer, _, _ = load_policy(defaults, prompt, "grammar", False)
     start = [(k, mx.array(v)) for k, v in tree_flatten(model.trainable_parameters())]
     allowed = frozenset(guess_list())
     boards = [GameSpec(w) for w in split_words("train")[:args.boards]]
-    rewards = Rewards(defaults.reward, answers(), mode="turn")
-    group = grpo_step.GroupSettings(args.generations, "greedy", True)
-    print(f"{args.model} + {Path(args.adapter).name}: one turn-mode step, {args.boards} boards x "
-          f"{args.generations} replies + the greedy one, BLAS: {describe_blas()}")
+    rewards = Rewards(defaults.reward.weights(), answers())
+    rl, opt = defaults.rl, defaults.optimizer
+    print(f"{args.model} + {adapter.name}: one GRPO step, {args.boards} boards x {args.generations} replies + the "
+          f"greedy one, BLAS: {describe_blas()}")
     seconds = {}
     for mode in ("free", "grammar"):
         model.update(tree_unflatten(start))
-        cfg = RolloutConfig(temperature=1.0, seed=0, completion_batch_size=defaults.rl.completion_batch_size,
-                            decode=mode).for_adapter(args.adapter)
+        # as the stage's rollout config (stages/grpo.py), in this mode
+        cfg = RolloutConfig(temperature=rl.temperature, max_tokens_per_turn=defaults.max_tokens, seed=0,
+                            prompt=prompt, decode=mode)
         player = grpo_step.Player(model, tokenizer, BatchedGenerator(model, tokenizer, mode=mode, words=allowed))
         mx.random.seed(0)
         t0 = time.perf_counter()
-        rollout = grpo_step.rollout_turn_mode(player, boards, cfg, allowed, rewards, group)
+        rollout = grpo_step.rollout(player, boards, cfg, allowed, rewards, args.generations)
         t1 = time.perf_counter()
         settings = grpo_step.UpdateSettings(
-            LossSettings(temperature=1.0, letters=letter_choices(tokenizer, mode, allowed)), "token",
-            defaults.grpo.advantage, defaults.training.max_grad_norm, defaults.training.max_tokens_per_microbatch,
-            defaults.training.max_loss_tokens_per_microbatch)
-        result = grpo_step.policy_update(model, optim.SGD(learning_rate=defaults.training.learning_rate),
-                                         rollout.items, settings)
+            LossSettings(beta=rl.beta, temperature=rl.temperature, letters=letter_choices(tokenizer, mode, allowed)),
+            opt.max_grad_norm, rl.max_tokens_per_microbatch, rl.max_loss_tokens_per_microbatch)
+        result = grpo_step.policy_update(model, optim.SGD(learning_rate=opt.learning_rate), rollout.items, settings)
         t2 = time.perf_counter()
         seconds[mode] = t2 - t0
         print(f"{mode:8s} rollout {t1 - t0:6.1f} s ({len(rollout.replies)} replies, {rollout.tokens_generated} "

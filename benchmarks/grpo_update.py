@@ -1,6 +1,6 @@
-"""GRPO turn-mode update: replies to one prompt packed with the prompt run once, against plain packing.
+"""GRPO update: replies to one prompt packed with the prompt run once, against plain packing.
 
-Builds the items of one turn-mode step on the real 270M (B prompts, each a compact Wordle board rendered
+Builds the items of one GRPO step on the real 270M (B prompts, each a compact Wordle board rendered
 by the chat template, and G sampled replies of the letters format each, with rewards spread so that no
 group is skipped), then times `policy_update` with `share_prompts` on and off from the same starting
 weights (SGD, so the weights after the two updates can be compared), alternating the two. Prints the

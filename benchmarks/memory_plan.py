@@ -3,7 +3,7 @@
 Makes its own inputs in a temporary folder: a small SFT data set from `wordle-mlx data` (compact prompts,
 letters replies, every board after 3 earlier guesses, so that every batch is about as long as the longest), then runs
 the real stages for one step each on builtin:gemma-3-270m (float32 on CPU): `sft` at batch sizes 4 and 16,
-`train` (GRPO, turn mode, G = 4 plus the greedy reply, boards after 4 earlier guesses) at 2 and 8 boards a step,
+`train` (GRPO, G = 4 plus the greedy reply, boards after 4 earlier guesses) at 2 and 8 boards a step,
 starting from the shipped adapter: its replies are well-formed, so rewards differ within a group and the update runs
 (the base model's replies all score alike, every group would be skipped and only the rollout measured; the script
 stops if that happens). Before each run it frees MLX's cache
@@ -11,11 +11,12 @@ and resets the peak counter; after it, `mx.get_peak_memory()` is the measured pe
 `wordle-mlx plan`'s for the same config. Prints one row per run and ends with `max_error X%` (the largest
 |estimate - measured| / measured).
 
-    .venv/bin/python benchmarks/memory_plan.py
+    .venv/bin/python benchmarks/memory_plan.py [--sft-batches 4 16] [--grpo-boards 2 8]
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import sys
@@ -37,21 +38,23 @@ def write(path: Path, data: dict) -> Path:
 
 
 def sft_config(root: Path, batch: int) -> dict:
-    return {"model": MODEL, "dtype": "float32", "data": str(root / "data"), "logs_dir": str(root / "logs"),
-            "run_name": f"sft-b{batch}", "lora": {"rank": 16, "scale": 20.0, "num_layers": -1}, "steps": 1,
-            "batch_size": batch, "max_seq_length": 256, "pad_to": 16, "valid_every": 0, "save_every": 1,
-            "progress": False}
+    return {"model": {"name": MODEL, "dtype": "float32"},
+            "data": {"folder": str(root / "data"), "batch_size": batch, "max_seq_length": 256, "pad_to": 16},
+            "run": {"logs_dir": str(root / "logs"), "name": f"sft-b{batch}", "steps": 1, "save_every": 1,
+                    "progress": False},
+            "lora": {"rank": 16, "scale": 20.0, "num_layers": -1}, "validation": {"every": 0}}
 
 
 def grpo_config(root: Path, boards: int) -> dict:
-    return {"model": {"name": MODEL, "dtype": "float32", "start_adapter": str(ADAPTER)},
-            "training": {"steps": 1, "batch_prompts": boards, "learning_rate": 1e-5, "save_every": 0,
-                         "max_tokens_per_microbatch": 2048, "max_loss_tokens_per_microbatch": 256},
-            # free decoding: what the planner models (grammar decoding keeps 26-entry logit rows, far less)
-            "rl": {"mode": "turn", "num_generations": 4, "max_completion_tokens": 16,
-                   "completion_batch_size": 64, "prompt": PROMPT, "decode": "free"},
-            "prompts": {"k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]}, "game_eval": {"every": 0},
-            "logs_dir": str(root / "logs"), "run_name": f"grpo-b{boards}", "progress": False}
+    # the prompt is the one the shipped adapter records (PROMPT); free decoding: what the planner models
+    # (grammar decoding keeps 26-entry logit rows, far less)
+    return {"model": {"name": MODEL, "dtype": "float32", "adapter": str(ADAPTER)},
+            "run": {"logs_dir": str(root / "logs"), "name": f"grpo-b{boards}", "steps": 1, "save_every": 0,
+                    "progress": False},
+            "optimizer": {"learning_rate": 1e-5},
+            "rl": {"batch_prompts": boards, "num_generations": 4, "max_tokens_per_microbatch": 2048,
+                   "max_loss_tokens_per_microbatch": 256, "k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]},
+            "decode": "free", "max_tokens": 16, "validation": {"every": 0}}
 
 
 def measured_peak(run) -> int:
@@ -68,6 +71,11 @@ def measured_peak(run) -> int:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sft-batches", type=int, nargs="*", default=[4, 16], help="SFT batch sizes to run.")
+    ap.add_argument("--grpo-boards", type=int, nargs="*", default=[2, 8], help="GRPO boards a step to run.")
+    args = ap.parse_args()
+
     from wordle_mlx.config import load_config
     from wordle_mlx.memory_plan import GB
     from wordle_mlx.stages import data, grpo, plan, sft
@@ -78,10 +86,10 @@ def main() -> None:
         root = Path(tmp)
         data.run(load_config(write(root / "data.json", {
             "out": str(root / "data"), "seed": 0, "train_examples": 64, "valid_examples": 8,
-            "think_style": "none", "candidate_threshold": 100000, "prompt": PROMPT, "progress": False,
+            "think_style": "none", "prompt": PROMPT, "progress": False,
             "history": {"k_weights": [0.0, 0.0, 0.0, 1.0]}}), data.DataConfig))
-        runs = [("sft", "batch_size", b, write(root / f"sft{b}.json", sft_config(root, b))) for b in (4, 16)]
-        runs += [("grpo", "batch_prompts", b, write(root / f"grpo{b}.json", grpo_config(root, b))) for b in (2, 8)]
+        runs = [("sft", "batch_size", b, write(root / f"sft{b}.json", sft_config(root, b))) for b in args.sft_batches]
+        runs += [("grpo", "batch_prompts", b, write(root / f"grpo{b}.json", grpo_config(root, b))) for b in args.grpo_boards]
         for kind, field, batch, path in runs:
             if kind == "sft":
                 cfg = load_config(path, sft.SFTConfig)
@@ -89,10 +97,10 @@ def main() -> None:
             else:
                 cfg = load_config(path, GRPOConfig)
                 peak = measured_peak(lambda: grpo.run(cfg))
-                step = [r for r in map(json.loads, (root / "logs" / cfg.run_name / "metrics.jsonl").read_text()
+                step = [r for r in map(json.loads, (root / "logs" / cfg.run.name / "metrics.jsonl").read_text()
                                        .splitlines()) if r.get("kind") == "train"][-1]
                 if not step["trained_tokens"]:         # a skipped update would leave the update phase unmeasured
-                    raise SystemExit(f"{cfg.run_name}: every group had equal rewards, the update did not run")
+                    raise SystemExit(f"{cfg.run.name}: every group had equal rewards, the update did not run")
             dims, numbers, _, _ = plan.build_plan(kind, cfg)
             estimate = plan.plan_for(kind, dims, numbers).peak
             rows.append((kind, f"{field} {batch}", estimate, peak))

@@ -1,7 +1,7 @@
 """Memory soak: N GRPO steps on the tiny model, watching resident memory for leaks.
 
-Each step is a real one (episode-mode rollout of B x G games with the tiny random Gemma 3, rewards,
-and a policy update of its LoRA weights). Rewards are nudged apart by a tiny amount per sample so that
+Each step is a real one (a GRPO rollout of B games with the tiny random Gemma 3, G replies sampled to each
+board plus the greedy one the game goes on with, rewards, and a policy update of its LoRA weights). Rewards are nudged apart by a tiny amount per sample so that
 every step really runs the backward pass and the optimizer (a random model's games all score alike).
 Before each reading the MLX buffer cache is cleared (freed buffers MLX keeps for reuse are not a leak,
 and they make RSS swing by tens of MB from step to step; so is freed malloc memory, with glibc's
@@ -51,7 +51,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=2, help="B: prompts per step")
-    parser.add_argument("--generations", type=int, default=4, help="G: games per prompt")
+    parser.add_argument("--generations", type=int, default=4, help="G: replies sampled to each board")
     parser.add_argument("--max-tokens", type=int, default=12)
     args = parser.parse_args()
 
@@ -65,7 +65,7 @@ def main() -> int:
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm.play.generation import BatchedGenerator
     from wordle_mlx.llm.training.grpo_loss import LossSettings
-    from wordle_mlx.llm.training.grpo_step import GroupSettings, Player, UpdateSettings, policy_update, rollout_episode_mode
+    from wordle_mlx.llm.training.grpo_step import Player, UpdateSettings, policy_update, rollout
     from wordle_mlx.llm.model.lora import apply_lora, lora_parameters
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import PromptConfig
@@ -77,7 +77,7 @@ def main() -> int:
     apply_lora(model, -1, lora_parameters(4, 10.0, 0.0, None))
     optimizer = optim.AdamW(learning_rate=1e-3)
     solver, train, allowed = Solver(load_table(show_progress=False)), split_words("train"), frozenset(guess_list())
-    rewards = Rewards(RewardWeights(length=0.02, early=1.2), answers())
+    rewards = Rewards(RewardWeights(early=1.2), answers())
     rcfg = RolloutConfig(decode="free", temperature=1.0, max_tokens_per_turn=args.max_tokens, max_invalid_replies=2,
                          prompt=PromptConfig(require_think=False))
     settings = UpdateSettings(LossSettings(temperature=1.0))
@@ -91,8 +91,7 @@ def main() -> int:
         for _ in range(args.batch):
             secret = train[rng.randrange(len(train))]
             specs.append(GameSpec(secret, seed_history(secret, rng, solver)[0]))
-        out = rollout_episode_mode(Player(model, tok, generate), specs, rcfg, allowed, rewards,
-                                   GroupSettings(args.generations))
+        out = rollout(Player(model, tok, generate), specs, rcfg, allowed, rewards, args.generations)
         for i, item in enumerate(out.items):
             item.reward += 1e-3 * i
         upd = policy_update(model, optimizer, out.items, settings)

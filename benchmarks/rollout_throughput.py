@@ -28,7 +28,7 @@ def sequential(model, tokenizer, prompts: list[list[int]], max_tokens: int) -> i
     from mlx_lm.generate import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    from wordle_mlx.llm.play.generation import end_token_ids
+    from wordle_mlx.llm.play.tokens import end_token_ids
 
     ends, sampler, total = end_token_ids(tokenizer), make_sampler(0.0), 0
     for prompt in prompts:

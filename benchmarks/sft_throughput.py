@@ -4,7 +4,7 @@
 All three compute cross-entropy on assistant tokens only; ours runs the model body, gathers the positions
 that carry loss and projects only those onto the vocabulary (`llm/training/sft_loss.py`), mlx-lm's projects
 every position. "ours, shared prefix" also runs the start that every example of the batch shares (chat
-markers and system line) once per batch (`make_batch(share_prefix=True)`, the SFT stage's default).
+markers and system line) once per batch (`make_batch(share_prefix=True)`, what the SFT stage always does).
 Each timed step is a full LoRA gradient computation (value_and_grad + eval) on the same batch, the three
 interleaved so machine noise hits them alike. "shared, grammar loss" is the shared-prefix step with SFT's
 `decode` "grammar" (formerly `grammar_loss`): only the reply's 5 letters are targets, projected on the 26 letter rows. Tokens/s counts every real token in the batch (prompt
@@ -36,8 +36,8 @@ def make_small_data(folder: str, examples: int) -> str:
     from wordle_mlx.stages import data
 
     prompt = {"require_think": False, "context": "summary", "style": "compact", "guess_format": "letters"}
-    cfg = data.DataConfig(out=folder, train_examples=examples, valid_examples=1, think_style="none",
-                          turns_per_game=6, prompt=prompt, progress=False)
+    cfg = data.DataConfig(out=folder, train_examples=examples, valid_examples=1, think_style="none", prompt=prompt,
+                          progress=False)
     data.run(cfg)
     print(f"data: {examples} examples written to {folder}")
     return folder

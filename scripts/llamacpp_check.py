@@ -164,7 +164,7 @@ def greedy_reply(model, prompt_ids: list[int], stop: set[int]) -> tuple[list[int
 
 def wordle_mlx_replies(model, tokenizer, count: int) -> dict:
     """The job for llama.cpp: each board's prompt text, wordle-mlx's prompt ids, greedy reply and top-k logits."""
-    from wordle_mlx.llm.play.generation import end_token_ids
+    from wordle_mlx.llm.play.tokens import end_token_ids
     from wordle_mlx.llm.play.prompts import adapter_prompt, build_messages
 
     prompt, stop, boards = adapter_prompt(ADAPTER), end_token_ids(tokenizer), []

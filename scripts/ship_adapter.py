@@ -7,7 +7,8 @@ and its eval JSON, in one folder (written to a temp folder, then renamed into pl
         --grpo-config config/recipe-270m/grpo-cover.json --eval logs/recipe-270m/eval_grpocover_greedy.json
 
 An `--sft-config` may carry the `wordle-mlx sft` flags the recipe passed with it (--seed, --run-name,
---start-adapter, --steps, --save-every): the recipe folder then records the config with them applied.
+--adapter, --steps, --save-every): the recipe folder then records the config with them applied, each where the
+config keeps it (run.seed, run.name, model.adapter, run.steps, run.save_every).
 
 `--guard NEW_EVAL SHIPPED_EVAL` ships only an adapter at least as good as the one already in `--out`: NEW_EVAL is
 the new adapter's greedy eval on the test words, SHIPPED_EVAL the same eval (split, board, games, decoding) of the
@@ -46,8 +47,8 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
   data 3 and SFT 3: the fit SFT on the teacher's boards weighted by traffic).
   `choice_N.json`, when present: self-play rounds (`wordle-mlx data self-play`), self-play boards labelled
   with the fitting answer the model scored highest. The SFT configs after the third train on them, in order,
-  each from the adapter its `start_adapter` names (the stage before it). `grpo.json`, or `grpo_N.json` for
-  several GRPO stages in the order they ran: each names the adapter it starts from (`model.start_adapter`);
+  each from the adapter its `model.adapter` names (the stage before it). `grpo.json`, or `grpo_N.json` for
+  several GRPO stages in the order they ran: each names the adapter it starts from (`model.adapter`);
   the last one trained this adapter. `scripts/train_270m_cpu.sh` runs them all in order.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
@@ -60,13 +61,15 @@ MAX_BYTES = 20 * 1024 * 1024
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SFT_FLAGS = {"--seed": ("seed", int), "--run-name": ("run_name", str), "--start-adapter": ("start_adapter", Path),
-             "--steps": ("steps", int), "--save-every": ("save_every", int)}
+# `wordle-mlx sft` flag -> (the config field it sets, dotted; its type)
+SFT_FLAGS = {"--seed": ("run.seed", int), "--run-name": ("run.name", str), "--adapter": ("model.adapter", Path),
+             "--steps": ("run.steps", int), "--save-every": ("run.save_every", int)}
+RENAMED_FLAGS = {"--start-adapter": "--adapter"}
 
 
 def sft_config_with_flags(spec: str) -> tuple[Path, dict]:
     """(config path, its JSON with the `wordle-mlx sft` flags after the path applied): 'FILE [--flag VALUE]...'.
-    A --start-adapter path, relative to the working folder as on the command line, is recorded relative to the
+    An --adapter path, relative to the working folder as on the command line, is recorded relative to the
     config's folder as config paths are."""
     path, *flags = shlex.split(spec)
     path = Path(path)
@@ -74,10 +77,17 @@ def sft_config_with_flags(spec: str) -> tuple[Path, dict]:
     if len(flags) % 2:
         sys.exit(f"error: --sft-config {spec!r}: expected FILE followed by flag/value pairs")
     for flag, value in zip(flags[::2], flags[1::2]):
+        if flag in RENAMED_FLAGS:
+            sys.exit(f"error: --sft-config {spec!r}: {flag} is now {RENAMED_FLAGS[flag]}")
         if flag not in SFT_FLAGS:
             sys.exit(f"error: --sft-config {spec!r}: unknown flag {flag} (known: {', '.join(SFT_FLAGS)})")
-        key, kind = SFT_FLAGS[flag]
-        cfg[key] = os.path.relpath(Path(value).resolve(), path.parent.resolve()) if kind is Path else kind(value)
+        dotted, kind = SFT_FLAGS[flag]
+        section, key = dotted.split(".")
+        node = cfg.setdefault(section, {})
+        if not isinstance(node, dict):
+            sys.exit(f"error: --sft-config {spec!r}: {path}: {section} is {node!r}, not a section; {flag} sets "
+                     f"{dotted} (configs in the old shape: see wordle_mlx/stages/sft_config.py)")
+        node[key] = os.path.relpath(Path(value).resolve(), path.parent.resolve()) if kind is Path else kind(value)
     return path, cfg
 
 

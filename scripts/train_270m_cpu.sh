@@ -9,7 +9,7 @@
 # The policy it trains is words decoding, the game's own rule: at each letter the model's distribution over the
 # letters that continue an allowed word not already on the board. The three teacher passes train the letters as
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
-# passes (decode "words") and GRPO (100 steps, rl.decode "words", validated on the 100 validation words every 20
+# passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
 # steps from the SFT start as step 0, the best kept) all use words decoding; the last SFT pass also trains the
 # reply's tags (train_tags), so the shipped adapter plays with --decode free too. Each adapter records its
 # decoding (adapter_config.json), and eval plays it by default.
@@ -91,12 +91,13 @@ stage choice     $W data self-play --config config/recipe-270m/self-play.json --
 # one before with a new shuffle seed.
 stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/recipe-270m/sft-choice.json
 # The passes share config/recipe-270m/sft-choice-more.json; each gets its seed, run name and start adapter here
+# (--seed, --run-name, --adapter: run.seed, run.name and model.adapter)
 # (pass 2 is half as long, with a checkpoint every 20 steps).
 more=()      # the passes' flags, also recorded by the ship stage
 for n in 2 3 4; do
   if [ $n = 2 ]; then prev=sft-choice-270m; else prev=sft-choice$((n - 1))-270m; fi
   if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
-  flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --start-adapter logs/$prev/adapters "${size[@]}")
+  flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --adapter logs/$prev/adapters "${size[@]}")
   more+=("${flags[*]}")
   stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json "${flags[@]}"
 done
@@ -104,7 +105,7 @@ done
 # (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it that also trains
 # the reply's tags (train_tags), then 100 GRPO steps with plain SGD in words decoding, playing full games on from
 # the greedy reply; the 100 validation words are played every 20 steps (the SFT start as step 0) and the run's
-# adapters/ are the pass with the most wins (game_eval.keep "best": the SFT start when no step beats it).
+# adapters/ are the pass with the most wins (validation keeps the best: the SFT start when no step beats it).
 stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress
 stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress
 stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/recipe-270m/sft-cover.json

@@ -60,7 +60,7 @@ for n in 2 3 4; do   # three more passes, as the 270M recipe's: each from the on
   if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
   stage sft-choice$n train_or_resume "logs/gemma3-4b-sft-choice$n-$VARIANT" $W sft \
     --config "$C/sft-choice-more-$VARIANT.json" --seed $((n - 1)) --run-name "gemma3-4b-sft-choice$n-$VARIANT" \
-    --start-adapter "logs/$prev/adapters" "${size[@]}"
+    --adapter "logs/$prev/adapters" "${size[@]}"
 done
 stage self-play-2 $W data self-play --config "$C/self-play-2-$VARIANT.json" --no-progress
 stage cover      $W data cover --data "data/gemma3-4b/self-play-2-$VARIANT" --out "data/gemma3-4b/cover-$VARIANT" \

@@ -65,14 +65,14 @@ def grpo_items():
     return items
 
 
-def grpo_gradient(items, world, averaging: str) -> tuple[dict, dict]:
+def grpo_gradient(items, world) -> tuple[dict, dict]:
     from wordle_mlx.llm.training.grpo_loss import LossSettings
     from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
 
     model = tiny_policy()
     before = flat(model)
-    settings = UpdateSettings(LossSettings(0.2, None, 0.0, 1.0), averaging, "normalized", max_grad_norm=0.0,
-                              max_tokens=48, max_loss_tokens=12)
+    settings = UpdateSettings(LossSettings(beta=0.0, temperature=1.0), max_grad_norm=0.0, max_tokens=48,
+                              max_loss_tokens=12)
     upd = policy_update(model, optim.SGD(learning_rate=1.0), items, settings, world)
     after = flat(model)
     return {k: before[k] - after[k] for k in before}, {"loss": upd.loss, "grad_norm": upd.grad_norm,
@@ -82,15 +82,11 @@ def grpo_gradient(items, world, averaging: str) -> tuple[dict, dict]:
 
 def check_grpo(world) -> dict:
     items = grpo_items()
-    out = {}
-    for averaging in ("token", "sequence"):
-        single, s_stats = grpo_gradient(items, World(), averaging)
-        share = [it for it in items if it.group % world.size == world.rank]
-        spread, d_stats = grpo_gradient(share, world, averaging)
-        diff, scale = max_diff(single, spread)
-        out[averaging] = {"max_diff": diff, "max_grad": scale, "single": s_stats, "distributed": d_stats,
-                          "local_items": len(share)}
-    return out
+    single, s_stats = grpo_gradient(items, World())
+    share = [it for it in items if it.group % world.size == world.rank]
+    spread, d_stats = grpo_gradient(share, world)
+    diff, scale = max_diff(single, spread)
+    return {"max_diff": diff, "max_grad": scale, "single": s_stats, "distributed": d_stats, "local_items": len(share)}
 
 
 def check_sft(world) -> dict:
@@ -102,7 +98,7 @@ def check_sft(world) -> dict:
     for _ in range(9):                     # batches of 4, 4 and 1 examples
         n_prompt, n_answer = int(rng.integers(4, 10)), int(rng.integers(3, 12))
         seqs.append((rng.integers(3, VOCAB, n_prompt + n_answer).tolist(), n_prompt))
-    cfg = SFTConfig(batch_size=4, pad_to=8)
+    cfg = SFTConfig(data={"batch_size": 4, "pad_to": 8})
     out = {}
     for name, w in (("single", World()), ("distributed", world)):
         model = tiny_policy()

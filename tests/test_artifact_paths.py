@@ -127,9 +127,10 @@ class MovableProjectTest(unittest.TestCase):
 
     def test_run_configs_are_relative_to_the_run_folder(self):
         sft = json.loads(self.files["logs/sft/config.json"])
-        self.assertEqual((sft["data"], sft["logs_dir"], sft["model"]), ("../../data/sft", "..", TINY))
+        self.assertEqual((sft["data"]["folder"], sft["run"]["logs_dir"], sft["model"]["name"]),
+                         ("../../data/sft", "..", TINY))
         grpo = json.loads(self.files["logs/grpo/config.json"])
-        self.assertEqual((grpo["model"]["start_adapter"], grpo["logs_dir"], grpo["model"]["name"]),
+        self.assertEqual((grpo["model"]["adapter"], grpo["run"]["logs_dir"], grpo["model"]["name"]),
                          ("../sft/adapters", "..", TINY))
 
     def test_resume_from_the_copied_config_after_a_move(self):

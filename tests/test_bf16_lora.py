@@ -23,6 +23,9 @@ from wordle_mlx.config import validate_config
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.training.grpo_loss import LossSettings
 from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
+from wordle_mlx.llm.training.policy import load_policy
+from wordle_mlx.llm.training.trainer import make_optimizer
+from wordle_mlx.llm.play.prompts import PromptConfig
 from wordle_mlx.stages import data, grpo, sft
 
 from tests.dtype_models import sampled_items, tiny_model_in, write_adapter
@@ -53,9 +56,8 @@ class StartAdapterBitExactTest(unittest.TestCase):
                     saved = mx.load(str(folder / lora.ADAPTER_WEIGHTS))
                     self.assertEqual(non_float32(saved), [])
                     cfg = validate_config({"model": {"name": tiny_model_in(kind), "dtype": "bfloat16",
-                                                     "start_adapter": str(folder)},
-                                           "progress": False}, grpo.GRPOConfig, "test")
-                    model, _, _ = grpo.load_policy(cfg)
+                                                     "adapter": str(folder)}}, grpo.GRPOConfig, "test")
+                    model = load_policy(cfg, PromptConfig(), "grammar", False)[0]
                     loaded = lora.adapter_weights(model)
                     self.assertEqual(sorted(loaded), sorted(saved))
                     different = [k for k in saved if not np.array_equal(np.array(loaded[k]), np.array(saved[k]))]
@@ -68,14 +70,14 @@ class GRPOLoraDtypeTest(unittest.TestCase):
             start = write_adapter(Path(tmp) / "adapter")
             for kind in ("bfloat16", "4bit"):
                 with self.subTest(base=kind):
-                    cfg = validate_config({"model": {"name": tiny_model_in(kind), "start_adapter": str(Path(tmp) / "adapter"),
+                    cfg = validate_config({"model": {"name": tiny_model_in(kind), "adapter": str(Path(tmp) / "adapter"),
                                                      "dtype": "bfloat16"},
-                                           "training": {"learning_rate": LEARNING_RATE, "steps": 3},
-                                           "progress": False}, grpo.GRPOConfig, "test")
-                    model, tokenizer, _ = grpo.load_policy(cfg)
+                                           "optimizer": {"learning_rate": LEARNING_RATE}, "run": {"steps": 3}},
+                                          grpo.GRPOConfig, "test")
+                    model, tokenizer, _, _ = load_policy(cfg, PromptConfig(), "grammar", False)
                     self.assertEqual(model.model.norm.weight.dtype, mx.bfloat16)        # the base stays bfloat16
                     self.assertEqual(non_float32(lora.adapter_weights(model)), [])
-                    optimizer, _ = grpo.make_optimizer(cfg)
+                    optimizer, _ = make_optimizer(cfg.optimizer, cfg.run.steps)
                     optimizer.init(model.trainable_parameters())
                     self.assertEqual(non_float32(optimizer.state), [])
                     moved = []
@@ -100,22 +102,23 @@ class SFTLoraDtypeTest(unittest.TestCase):
             data.run(validate_config({"out": str(root / "data"), "train_examples": 8, "valid_examples": 2,
                                       "think_style": "brief", "progress": False}, data.DataConfig, "test"))
             start = write_adapter(root / "adapter", dtype=mx.bfloat16)       # as a bfloat16 run might have saved it
-            cfg = validate_config({"model": TINY, "dtype": "bfloat16", "data": str(root / "data"),
-                                   "logs_dir": str(root / "logs"), "run_name": "bf16", "steps": 3, "batch_size": 4,
-                                   "learning_rate": LEARNING_RATE, "warmup_steps": 0, "min_lr_ratio": 1.0,
-                                   "valid_every": 0, "save_every": 1, "keep_checkpoints": 3, "progress": False,
-                                   "start_adapter": str(root / "adapter"), "lora": {"rank": 4, "scale": 10.0}},
+            cfg = validate_config({"model": {"name": TINY, "dtype": "bfloat16", "adapter": str(root / "adapter")},
+                                   "data": {"folder": str(root / "data"), "batch_size": 4},
+                                   "run": {"logs_dir": str(root / "logs"), "name": "bf16", "steps": 3, "save_every": 1,
+                                           "progress": False},
+                                   "optimizer": {"learning_rate": LEARNING_RATE, "warmup_steps": 0, "min_lr_ratio": 1.0},
+                                   "validation": {"every": 0}, "lora": {"rank": 4, "scale": 10.0}},
                                   sft.SFTConfig, "test")
-            checkpoints = Path(sft.run(cfg)["run_dir"]) / "checkpoints"
+            checkpoints = Path(sft.run(cfg)["run"]) / "checkpoints"
             moved = []
-            for step in (1, 2, 3):
+            for step in (2, 3):                    # a run keeps its two newest checkpoints
                 weights = mx.load(str(checkpoints / f"step_{step:06d}" / lora.ADAPTER_WEIGHTS))
                 state = mx.load(str(checkpoints / f"step_{step:06d}" / lora.OPTIMIZER_STATE))
                 self.assertEqual(non_float32(weights), [])
                 self.assertEqual(non_float32(state), [])
                 moved.append(changed_fraction(start, weights))
-            self.assertEqual(moved[0], 1.0)
-            self.assertGreater(moved[2], 0.999)
+            self.assertGreater(moved[0], 0.999)
+            self.assertGreater(moved[1], 0.999)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import unittest
 from pathlib import Path
 
 from wordle_mlx.config import load_config, resolve_path
+from wordle_mlx.errors import UserError
 from wordle_mlx.stages.choice import ChoiceConfig
 from wordle_mlx.stages.data import DataConfig
 from wordle_mlx.stages.evaluate import EvalConfig
@@ -55,7 +56,7 @@ def check_stage_chain(case: unittest.TestCase, stages: list[tuple[str, str]]) ->
 
 def adapters_of(cfg) -> Path:
     """The adapter folder a SFT or GRPO config's run writes."""
-    return resolve_path(cfg, cfg.logs_dir).resolve() / cfg.run_name / "adapters"
+    return resolve_path(cfg, cfg.run.logs_dir).resolve() / cfg.run.name / "adapters"
 
 
 class ShippedConfigTest(unittest.TestCase):
@@ -68,24 +69,30 @@ class ShippedConfigTest(unittest.TestCase):
             with self.subTest(config=str(path.relative_to(CONFIG))):
                 cfg = load_config(path, model_for(path))
                 self.assertTrue(resolve_path(cfg, "x").is_relative_to(CONFIG))
-                for field in ("out", "data", "logs_dir"):     # paths stay inside the checkout
-                    if isinstance(getattr(cfg, field, None), str):
-                        self.assertTrue(resolve_path(cfg, getattr(cfg, field)).resolve().is_relative_to(ROOT),
-                                        f"{field} = {getattr(cfg, field)}")
+                paths = {"out": getattr(cfg, "out", None), "data": getattr(cfg, "data", None)}
+                if hasattr(cfg, "run"):
+                    paths.update(data=getattr(getattr(cfg, "data", None), "folder", None), logs_dir=cfg.run.logs_dir)
+                for field, value in paths.items():     # paths stay inside the checkout
+                    if isinstance(value, str):
+                        self.assertTrue(resolve_path(cfg, value).resolve().is_relative_to(ROOT), f"{field} = {value}")
 
-    def test_the_shipped_adapters_recorded_recipe_validates(self):
-        """adapters/gemma-3-270m-wordle/recipe/ records the configs that trained it: each loads with the strict
-        loader, and each recorded SFT pass equals its recipe file with the flags the recipe script passes."""
+    def test_the_shipped_adapters_recorded_recipe_is_read_or_refused_in_one_line(self):
+        """adapters/gemma-3-270m-wordle/recipe/ records the configs that trained it, in the config shape of the
+        version that trained it: its data and self-play configs load with today's strict loader, and its SFT and
+        GRPO configs (the shape before one trainer) are refused with a one-line error that names the new place of
+        their first old field."""
         recipe = ROOT / "adapters" / "gemma-3-270m-wordle" / "recipe"
         kinds = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "choice": ChoiceConfig}
         files = sorted(recipe.glob("*.json"))
         self.assertEqual(len(files), 17)
         for path in files:
             with self.subTest(config=path.name):
-                load_config(path, kinds[path.stem.split("_")[0]])
-        more = load_config(recipe / "sft_7.json", SFTConfig)          # pass 4 of sft-choice-more.json
-        self.assertEqual((more.seed, more.run_name, more.steps, more.save_every), (3, "sft-choice4-270m", 240, 40))
-        self.assertEqual(more.start_adapter, "../../logs/sft-choice3-270m/adapters")   # as from config/recipe-270m
+                kind = path.stem.split("_")[0]
+                if kind in ("sft", "grpo"):
+                    with self.assertRaisesRegex(UserError, rf"^{re.escape(str(path))}: \S+ (is now|was removed)"):
+                        load_config(path, kinds[kind])
+                else:
+                    load_config(path, kinds[kind])
 
     def test_pipeline_paths_chain(self):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
@@ -96,17 +103,18 @@ class ShippedConfigTest(unittest.TestCase):
                 sft = load_config(sft_name.with_suffix(".json"), SFTConfig)
                 if data_name is not None:          # the choice stage's data: test_choice_round_chains
                     data = load_config(data_name.with_suffix(".json"), DataConfig)
-                    self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
+                    self.assertEqual(resolve_path(sft, sft.data.folder).resolve(),
+                                     resolve_path(data, data.out).resolve())
                 grpo = load_config(grpo_name.with_suffix(".json"), GRPOConfig)
-                self.assertEqual(resolve_path(grpo, grpo.model.start_adapter).resolve(), adapters_of(sft))
+                self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), adapters_of(sft))
         # each later SFT stage starts from the adapter the one before it writes: SFT 1 -> focus -> fit, on the
         # data its own data config writes
         stages = [(load_config(RECIPE / f"{name}.json", SFTConfig), load_config(RECIPE / f"{data}.json", DataConfig))
                   for name, data in (("sft", "data"), ("sft-focus", "data-focus"), ("sft-fit", "data-fit"))]
         for (earlier, _), (later, data) in zip(stages, stages[1:]):
-            with self.subTest(sft=later.run_name):
-                self.assertEqual(resolve_path(later, later.start_adapter).resolve(), adapters_of(earlier))
-                self.assertEqual(resolve_path(later, later.data).resolve(), resolve_path(data, data.out).resolve())
+            with self.subTest(sft=later.run.name):
+                self.assertEqual(resolve_path(later, later.model.adapter).resolve(), adapters_of(earlier))
+                self.assertEqual(resolve_path(later, later.data.folder).resolve(), resolve_path(data, data.out).resolve())
 
     def test_the_recipe_script_runs_every_stage_in_order(self):
         """The whole script under DRY_RUN=1: it reaches the end (a shell error in a stage loop would stop a real
@@ -133,10 +141,10 @@ class ShippedConfigTest(unittest.TestCase):
             self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "words", name)
         self.assertTrue(load_config(RECIPE / "sft-cover.json", SFTConfig).train_tags)
         grpo = load_config(RECIPE / "grpo-cover.json", GRPOConfig)
-        self.assertEqual(grpo.rl.decode, "words")
-        self.assertGreaterEqual(grpo.training.steps, 100)
-        self.assertEqual((grpo.game_eval.keep, grpo.game_eval.games), ("best", 100))
-        self.assertEqual(grpo.training.steps % grpo.game_eval.every, 0)
+        self.assertEqual(grpo.decode, "words")
+        self.assertGreaterEqual(grpo.run.steps, 100)
+        self.assertEqual(grpo.validation.games, 100)
+        self.assertEqual(grpo.run.steps % grpo.validation.every, 0)
         stages = dict(dry_run("train_270m_cpu.sh"))
         names = list(stages)
         self.assertLess(names.index("eval-shipped-words"), names.index("ship"))
@@ -158,13 +166,13 @@ class ShippedConfigTest(unittest.TestCase):
         for name in ("sft-choice", "sft-choice-more"):
             with self.subTest(sft=name):
                 sft = load_config(RECIPE / f"{name}.json", SFTConfig)
-                self.assertEqual(resolve_path(sft, sft.start_adapter).resolve(), adapter)
-                self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(choice, choice.out).resolve())
+                self.assertEqual(resolve_path(sft, sft.model.adapter).resolve(), adapter)
+                self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), resolve_path(choice, choice.out).resolve())
                 adapter = adapters_of(sft)
         self.assertEqual(adapter.parent.name, "sft-choice2-270m")
         script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
         self.assertIn("for n in 2 3 4; do", script)
-        self.assertIn("--run-name sft-choice$n-270m --start-adapter logs/$prev/adapters", script)
+        self.assertIn("--run-name sft-choice$n-270m --adapter logs/$prev/adapters", script)
         self.assertIn("sft --config config/recipe-270m/sft-choice-more.json", script)
 
     def test_coverage_round_chains(self):
@@ -172,7 +180,7 @@ class ShippedConfigTest(unittest.TestCase):
         `cover` line reads its folder and writes the one the SFT stage trains on, from the same adapter:
         sft-choice4 -> choice2 -> cover -> sft-cover (-> grpo-cover, checked above)."""
         more = load_config(RECIPE / "sft-choice-more.json", SFTConfig)
-        adapter = resolve_path(more, more.logs_dir).resolve() / "sft-choice4-270m" / "adapters"
+        adapter = resolve_path(more, more.run.logs_dir).resolve() / "sft-choice4-270m" / "adapters"
         choice = load_config(RECIPE / "self-play-2.json", ChoiceConfig)
         self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
         script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
@@ -180,8 +188,8 @@ class ShippedConfigTest(unittest.TestCase):
         self.assertIsNotNone(match, "scripts/train_270m_cpu.sh: no `$W data cover --data A --out B` line")
         self.assertEqual((ROOT / match[1]).resolve(), resolve_path(choice, choice.out).resolve())
         sft = load_config(RECIPE / "sft-cover.json", SFTConfig)
-        self.assertEqual(resolve_path(sft, sft.data).resolve(), (ROOT / match[2]).resolve())
-        self.assertEqual(resolve_path(sft, sft.start_adapter).resolve(), adapter)
+        self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), (ROOT / match[2]).resolve())
+        self.assertEqual(resolve_path(sft, sft.model.adapter).resolve(), adapter)
 
 
 if __name__ == "__main__":

@@ -100,17 +100,18 @@ class SFTGradCheckpointTest(unittest.TestCase):
 
     def test_sft_stage_with_grad_checkpoint_trains_like_without(self):
         def run(name: str, checkpoint: bool) -> dict:
-            cfg = validate_config({"model": TINY, "data": str(self.root / "data"), "logs_dir": str(self.root / "logs"),
-                                   "run_name": name, "steps": 3, "batch_size": 4, "learning_rate": 1e-2,
-                                   "warmup_steps": 0, "valid_every": 0, "save_every": 3, "progress": False,
-                                   "grad_checkpoint": checkpoint, "share_prefix": True,
+            cfg = validate_config({"model": {"name": TINY, "grad_checkpoint": checkpoint},
+                                   "data": {"folder": str(self.root / "data"), "batch_size": 4},
+                                   "run": {"logs_dir": str(self.root / "logs"), "name": name, "steps": 3,
+                                           "save_every": 3, "progress": False},
+                                   "optimizer": {"learning_rate": 1e-2, "warmup_steps": 0}, "validation": {"every": 0},
                                    "lora": {"rank": 4, "dropout": 0.1}}, sft.SFTConfig, "test")
             result = sft.run(cfg)
             return result, mx.load(str(Path(result["adapters"]) / "adapters.safetensors"))
 
         plain, plain_weights = run("plain", False)
         ckpt, ckpt_weights = run("ckpt", True)
-        self.assertEqual(ckpt["steps"], 3)
+        self.assertEqual(ckpt["step"], 3)
         self.assertAlmostEqual(ckpt["final_loss"], plain["final_loss"], delta=1e-5 * abs(plain["final_loss"]))
         assert_trees_close(self, ckpt_weights, plain_weights)
 
@@ -122,8 +123,8 @@ class GRPOGradCheckpointTest(unittest.TestCase):
         items = sampled_items(model, tokenizer, groups=1)
         seqs = [it.sequences[0] for it in items]
         batch = pack_shared_batch(seqs, group_advantages([it.reward for it in items], [0] * len(items))[0].tolist(),
-                                  averaging_weights([sum(q.mask) for q in seqs], "token"))
-        arrays = batch_arrays(batch, rollout_logprobs=False)
+                                  averaging_weights([sum(q.mask) for q in seqs]))
+        arrays = batch_arrays(batch)
         settings = LossSettings(beta=0.0)
         loss = lambda m, a: grpo_loss(m, a, settings)[0]                 # noqa: E731
         l1, g1 = value_and_grad_at(model, loss, False, arrays)
@@ -146,15 +147,15 @@ class GRPOGradCheckpointTest(unittest.TestCase):
         assert_trees_close(self, updated(True), updated(False))
 
     def test_train_applies_grad_checkpoint_and_the_metal_memory_setup(self):
-        from wordle_mlx.llm.model import logits, memory
+        from wordle_mlx.llm.training import policy
         from wordle_mlx.stages import grpo
 
-        self.assertFalse(grpo.GRPOConfig().training.grad_checkpoint)
+        self.assertFalse(grpo.GRPOConfig().model.grad_checkpoint)
         for on in (True, False):
-            cfg = validate_config({"model": {"name": "builtin:tiny-random"}, "training": {"grad_checkpoint": on},
-                                   "logs_dir": tempfile.mkdtemp(), "progress": False}, grpo.GRPOConfig, "test")
-            with mock.patch.object(logits, "set_grad_checkpoint", wraps=logits.set_grad_checkpoint) as checkpointing, \
-                    mock.patch.object(memory, "configure_metal_memory", wraps=memory.configure_metal_memory) as setup, \
+            cfg = validate_config({"model": {"name": "builtin:tiny-random", "adapter": None, "grad_checkpoint": on},
+                                   "run": {"logs_dir": tempfile.mkdtemp(), "progress": False}}, grpo.GRPOConfig, "test")
+            with mock.patch.object(policy, "set_grad_checkpoint", wraps=policy.set_grad_checkpoint) as checkpointing, \
+                    mock.patch.object(policy, "configure_metal_memory", wraps=policy.configure_metal_memory) as setup, \
                     mock.patch.object(grpo, "make_optimizer", side_effect=RuntimeError("stop after loading")):
                 with self.assertRaisesRegex(RuntimeError, "stop after loading"):
                     grpo.run(cfg)

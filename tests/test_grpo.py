@@ -25,13 +25,20 @@ from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
 from wordle_mlx.llm.training.advantages import group_advantages
 from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, lora_disabled, pack_batch,
                                       selected_logprobs)
-from wordle_mlx.llm.training.grpo_step import GroupSettings, Player, ScoredItem, UpdateSettings, policy_update
+from wordle_mlx.llm.training.grpo_step import Player, ScoredItem, UpdateSettings, policy_update
+from wordle_mlx.llm.training.policy import load_policy
+from wordle_mlx.llm.training.trainer import NonFiniteStop, make_optimizer
+from wordle_mlx.llm.play.prompts import PromptConfig
+from wordle_mlx.llm.play.rollout import RolloutConfig
 from wordle_mlx.llm.model.lora import apply_lora, lora_parameters
 from wordle_mlx.llm.model.models import load_model
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import grpo as stage
 from wordle_mlx.stages.plot import PlotConfig
 from wordle_mlx.stages.plot import run as plot_run
+from wordle_mlx.game.rewards import RewardWeights, Rewards
+from wordle_mlx.game.words import answers, guess_list
+from wordle_mlx.llm.play.rollout import GameSpec, play_games
 from . import assert_f32_close
 
 
@@ -53,23 +60,26 @@ def sample_items(model, tok, prompt, groups: int, g: int, max_tokens: int, rewar
     return items
 
 
-def stage_config(logs: str, **training) -> stage.GRPOConfig:
-    data = {"model": {"name": "builtin:tiny-random"}, "lora": {"rank": 4, "scale": 10.0},
-            "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": 3, "batch_prompts": 2, "learning_rate": 1e-3, "save_every": 0, "seed": 3,
-                         **training},
-            "rl": {"mode": "episode", "num_generations": 3, "max_completion_tokens": 8, "max_invalid_replies": 2,
-                   "prompt": {"require_think": False}, "decode": "free"},
-            # a small length penalty makes rewards differ within groups even for a random model
-            "reward": {"length": 0.02, "early": 1.2},
-            "game_eval": {"every": 0}, "logs_dir": logs, "run_name": "run", "progress": False}
+def stage_config(logs: str, optimizer: dict | None = None, **run) -> stage.GRPOConfig:
+    data = {"model": {"name": "builtin:tiny-random", "adapter": None}, "lora": {"rank": 4, "scale": 10.0},
+            "optimizer": {"name": "adamw", "min_lr_ratio": 0.0, "learning_rate": 1e-3, **(optimizer or {})},
+            "run": {"steps": 3, "save_every": 0, "seed": 3, "logs_dir": logs, "name": "run", "progress": False, **run},
+            "rl": {"batch_prompts": 2, "num_generations": 3}, "max_tokens": 8, "decode": "free",
+            "reward": {"early": 1.2}, "validation": {"every": 0}}
     return validate_config(data, stage.GRPOConfig, "test")
 
 
-REAL_ROLLOUT = grpo_step.rollout_episode_mode
+def rollout_config(temperature: float = 1.0, seed: int = 0) -> RolloutConfig:
+    return RolloutConfig(temperature=temperature, max_tokens_per_turn=8, seed=seed, prompt=PromptConfig(),
+                         decode="free")
+
+
+REAL_ROLLOUT = grpo_step.rollout
 
 
 def spread_rollout(*args, **kwargs):
-    """The real episode rollout, with rewards nudged apart so that no group has zero variance."""
+    """The real rollout, with rewards nudged apart so that no group has zero variance (a random model's
+    replies are all format errors, which score alike)."""
     out = REAL_ROLLOUT(*args, **kwargs)
     for i, item in enumerate(out.items):
         item.reward += 0.01 * i
@@ -85,8 +95,6 @@ class Advantages(unittest.TestCase):
         adv, skipped = group_advantages([1.0, 3.0, 2.0, 2.0, 5.0, 5.0], [0, 0, 1, 1, 2, 2])
         self.assertEqual(skipped, 2)
         np.testing.assert_allclose(adv, [-1.0 / (1.0 + 1e-4), 1.0 / (1.0 + 1e-4), 0, 0, 0, 0], rtol=1e-9)
-        adv, _ = group_advantages([1.0, 3.0, 0.5], [0, 0, 1], scale=False)
-        np.testing.assert_allclose(adv, [-1.0, 1.0, 0.0])
 
     def test_equal_floats_are_exactly_zero(self):
         adv, skipped = group_advantages([0.1, 0.1, 0.1], [4, 4, 4])
@@ -101,7 +109,7 @@ class Packing(unittest.TestCase):
     def test_positions_targets_masks(self):
         a = TokenSequence([5, 6, 7, 8, 9], [0, 0, 1, 1, 1], [0, 0, -0.1, -0.2, -0.3])
         b = TokenSequence([5, 6, 10, 11], [0, 0, 0, 1], [0, 0, 0, -0.4])
-        w = averaging_weights([3, 1], "token")
+        w = averaging_weights([3, 1])
         batch = pack_batch([a, b], [0.5, -1.0], w)
         self.assertEqual(batch.inputs.shape, (2, 4))
         self.assertEqual(batch.inputs.tolist(), [[5, 6, 7, 8], [5, 6, 10, 0]])
@@ -110,8 +118,6 @@ class Packing(unittest.TestCase):
         np.testing.assert_allclose(batch.old_logprobs, [-0.1, -0.2, -0.3, -0.4])
         np.testing.assert_allclose(batch.advantages, [0.5, 0.5, 0.5, -1.0])
         np.testing.assert_allclose(batch.weights, [0.25] * 4)
-        seq_w = np.concatenate(averaging_weights([3, 1], "sequence"))
-        np.testing.assert_allclose(seq_w, [1 / 6, 1 / 6, 1 / 6, 0.5])
 
     def test_episode_sequences_mask_only_model_tokens(self):
         from wordle_mlx.game.state import GameState
@@ -119,7 +125,7 @@ class Packing(unittest.TestCase):
 
         ep = Episode("crane", [], GameState("crane"), [Turn([1, 2, 3], [4, 5], [-0.1, -0.2], "", None, "missing_guess"),
                                                       Turn([1, 2, 6, 7], [8], [-0.3], "", None, "missing_guess")])
-        batch = pack_batch(ep.token_sequences(), [1.0, 1.0], averaging_weights([2, 1], "token"))
+        batch = pack_batch(ep.token_sequences(), [1.0, 1.0], averaging_weights([2, 1]))
         self.assertEqual(batch.targets.tolist(), [4, 5, 8])
 
 
@@ -133,7 +139,7 @@ class LossOnTinyModel(unittest.TestCase):
         mx.random.seed(1)
         items = sample_items(self.model, self.tok, self.prompt, 1, 4, 6, lambda t: 0.0)
         seqs = [it.sequences[0] for it in items]
-        batch = pack_batch(seqs, [0.0] * 4, averaging_weights([sum(s.mask) for s in seqs], "token"))
+        batch = pack_batch(seqs, [0.0] * 4, averaging_weights([sum(s.mask) for s in seqs]))
         arrays = batch_arrays(batch)
         new = selected_logprobs(self.model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.0)
         np.testing.assert_allclose(np.array(new), batch.old_logprobs, atol=2e-4)
@@ -146,7 +152,7 @@ class LossOnTinyModel(unittest.TestCase):
         adv, skipped = group_advantages([it.reward for it in items], [it.group for it in items])
         self.assertEqual(skipped, 2)
         seqs = [it.sequences[0] for it in items]
-        arrays = batch_arrays(pack_batch(seqs, adv.tolist(), averaging_weights([sum(s.mask) for s in seqs], "token")))
+        arrays = batch_arrays(pack_batch(seqs, adv.tolist(), averaging_weights([sum(s.mask) for s in seqs])))
         import mlx.nn as nn
 
         (loss, _), grads = nn.value_and_grad(self.model, lambda a: grpo_loss(self.model, a, LossSettings()))(arrays)
@@ -175,7 +181,7 @@ class LossOnTinyModel(unittest.TestCase):
         groups, rest = grpo_loss_module.shared_prompt_groups(seqs, 256)
         self.assertEqual((sorted(len(g) for g in groups), rest), ([3, 8], []))
         shared = grpo_loss_module.pack_shared_batch([seqs[i] for i in groups[0]], [0.5] * len(groups[0]),
-                                                    averaging_weights([sum(seqs[i].mask) for i in groups[0]], "token"))
+                                                    averaging_weights([sum(seqs[i].mask) for i in groups[0]]))
         arrays = batch_arrays(shared)
         new = selected_logprobs(self.model, arrays["inputs"], arrays["positions"], arrays["targets"], 1.0,
                                 arrays["prefix"])
@@ -251,9 +257,10 @@ class Stage(unittest.TestCase):
             self.assertIn(key, recs[0])
         self.assertEqual(set(recs[0]["rewards"]), {"win", "early", "format", "valid", "consistent", "info_gain",
                                                   "repeat", "length"})
-        self.assertEqual(len(recs[0]["games"]), 2 * 3)
-        self.assertEqual([r["groups"] for r in recs], [2, 2, 2])      # episode mode: one group per board
-        self.assertTrue(all(0 <= r["skipped_groups"] <= r["groups"] for r in recs))
+        self.assertEqual(len(recs[0]["games"]), 2)                    # one game per board
+        turns = [sum(len(g["guesses"]) for g in r["games"]) for r in recs]
+        self.assertTrue(all(r["groups"] >= 2 for r in recs))          # a group per turn of each game
+        self.assertTrue(all(0 <= r["skipped_groups"] <= r["groups"] for r in recs), turns)
         self.assertTrue((run_dir / "checkpoints" / "step_000002" / "optimizer.safetensors").is_file())
         self.assertTrue((run_dir / "adapters" / "adapters.safetensors").is_file())
         self.assertEqual(result["step"], 3)
@@ -261,21 +268,19 @@ class Stage(unittest.TestCase):
 
     def test_validation_from_step_0_keeps_the_best_adapter(self):
         """Words decoding: the start adapter is validated as step 0, then every 2 steps and at the end; the adapter of
-        the pass with the most wins (scripted here: step 2) is adapters_best/ and, with keep "best", the run's
-        adapters/; each step logs its share of skipped groups; the adapter records words decoding, tags untrained."""
+        the pass with the most wins (scripted here: step 2) is adapters_best/ and the run's adapters/; each step logs
+        its share of skipped groups; the adapter records words decoding, tags untrained."""
         cfg = stage_config(self.tmp.name, steps=3, save_every=2)
-        cfg = cfg.model_copy(update={
-            "rl": cfg.rl.model_copy(update={"decode": "words", "prompt": cfg.rl.prompt.model_copy(
-                update={"guess_format": "letters"})}),
-            "game_eval": cfg.game_eval.model_copy(update={"every": 2, "games": 3, "keep": "best"})})
+        cfg = cfg.model_copy(update={"decode": "words",
+                                     "validation": cfg.validation.model_copy(update={"every": 2, "games": 3})})
         real = stage.validate
-        scripted = {0: 0.1, 2: 0.5, 3: 0.3}
+        scripted = iter([0.1, 0.5, 0.3])                 # steps 0, 2 and 3
 
-        def validate(model, tokenizer, cfg, words, allowed, step, world):
-            rec = real(model, tokenizer, cfg, words, allowed, step, world)
+        def validate(*args):
+            rec = real(*args)
             self.assertEqual(len(rec["games"]), 3)
             self.assertEqual((rec["invalid_rate"], rec["format_error_rate"], rec["repeat_rate"]), (0.0, 0.0, 0.0))
-            return {**rec, "win_rate": scripted[step]}
+            return {**rec, "win_rate": next(scripted)}
 
         with mock.patch.object(stage, "validate", validate):
             result = stage.run(cfg)
@@ -288,40 +293,36 @@ class Stage(unittest.TestCase):
         weights = lambda folder: (folder / "adapters.safetensors").read_bytes()   # noqa: E731
         self.assertEqual(weights(run_dir / "adapters"), weights(run_dir / "adapters_best"))
         self.assertEqual(weights(run_dir / "adapters"), weights(run_dir / "checkpoints" / "step_000002"))
-        self.assertNotEqual(weights(run_dir / "adapters"), weights(run_dir / "checkpoints" / "step_000003"))
         acfg = json.loads((run_dir / "adapters" / "adapter_config.json").read_text())
         self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("words", False))
         with mock.patch("sys.stdout"):                   # `wordle-mlx plot` draws the validation curve
             files = plot_run(PlotConfig(file=str(run_dir / "metrics.jsonl"), out=str(run_dir / "plots")))["files"]
         self.assertIn("validation.png", [Path(f).name for f in files])
 
-    def test_keep_best_needs_validation(self):
-        with self.assertRaisesRegex(UserError, "keep 'best' needs every > 0"):
-            validate_config({"game_eval": {"keep": "best"}}, stage.GRPOConfig, "grpo.json")
-
     def test_nonfinite_loss_is_skipped_then_stops(self):
         def nan_loss(model, arrays, settings, ref=None):
             loss, stats = grpo_loss(model, arrays, settings, ref)
             return loss * float("nan"), stats
 
-        cfg = stage_config(self.tmp.name, steps=5, max_nonfinite_in_a_row=2)
+        cfg = stage_config(self.tmp.name, steps=5)
         run_dir = Path(self.tmp.name) / "run"
         with mock.patch.object(grpo_step, "grpo_loss", nan_loss), \
-                mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
-            with self.assertRaisesRegex(stage.NonFiniteStop, "not finite 2 steps in a row"):
+                mock.patch.object(grpo_step, "rollout", spread_rollout):
+            with self.assertRaisesRegex(NonFiniteStop, "not finite 3 steps in a row"):
                 stage.run(cfg)
         recs = train_records(run_dir)
-        self.assertEqual([r["nonfinite_skips"] for r in recs], [1, 2])
-        self.assertTrue((run_dir / "checkpoints" / "step_000002" / "adapters.safetensors").is_file())
-        saved = mx.load(str(run_dir / "checkpoints" / "step_000002" / "adapters.safetensors"))
+        self.assertEqual([r["nonfinite_skips"] for r in recs], [1, 2, 3])
+        self.assertTrue((run_dir / "checkpoints" / "step_000003" / "adapters.safetensors").is_file())
+        saved = mx.load(str(run_dir / "checkpoints" / "step_000003" / "adapters.safetensors"))
         model, _ = tiny_policy(0)
         fresh = {k: v for k, v in tree_flatten(model.trainable_parameters()) if k.endswith("lora_b")}
         self.assertTrue(all(float(mx.abs(saved[k]).max()) == 0.0 for k in fresh))      # no update was applied
 
     def test_resume_gives_the_same_next_step(self):
+        one_board = {"rl": {"batch_prompts": 1, "num_generations": 3}}
         uninterrupted = Path(self.tmp.name) / "a"
-        with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
-            stage.run(stage_config(str(uninterrupted), steps=2, batch_prompts=1))
+        with mock.patch.object(grpo_step, "rollout", spread_rollout):
+            stage.run(stage_config(str(uninterrupted), steps=2).model_copy(update=config_part(one_board)))
         expected = train_records(uninterrupted / "run")[1]
 
         calls = {"n": 0}
@@ -332,12 +333,11 @@ class Stage(unittest.TestCase):
             return spread_rollout(*args, **kwargs)
 
         logs = Path(self.tmp.name) / "b"
-        with mock.patch.object(grpo_step, "rollout_episode_mode", interrupt_third):
-            result = stage.run(stage_config(str(logs), steps=2, batch_prompts=1))
+        with mock.patch.object(grpo_step, "rollout", interrupt_third):
+            result = stage.run(stage_config(str(logs), steps=2).model_copy(update=config_part(one_board)))
         self.assertEqual((result["step"], result["stopped"]), (1, "interrupted"))
-        cfg = stage_config(str(logs), steps=2, batch_prompts=1)
-        cfg.resume = str(logs / "run")
-        with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+        cfg = stage_config(str(logs), steps=2, resume=str(logs / "run")).model_copy(update=config_part(one_board))
+        with mock.patch.object(grpo_step, "rollout", spread_rollout):
             stage.run(cfg)
         got = train_records(logs / "run")
         self.assertEqual([r["step"] for r in got], [1, 2])
@@ -349,98 +349,22 @@ class Stage(unittest.TestCase):
         runs = [r for _, r in read_jsonl(logs / "run" / "metrics.jsonl") if r["kind"] == "run"]
         self.assertEqual([r["resumed_from_step"] for r in runs], [None, 1])
 
-    def test_turn_mode_groups(self):
+    def test_rollout_groups_are_the_replies_to_one_board_with_the_greedy_one(self):
+        """Each group is the G samples plus the greedy reply (member G + 1, the reply the game plays on with),
+        scored like the samples; the sampled-reply statistics count only the G samples."""
         model, tok = tiny_policy(0)
-        from wordle_mlx.game.rewards import RewardWeights, Rewards
-        from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.play.rollout import GameSpec
-
-        cfg = stage_config(self.tmp.name)
-        rcfg = stage.rollout_config(cfg, 1.0, 0)
-        rewards = Rewards(RewardWeights(length=0.02, early=1.2), answers())
-        out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)),
-                                          [GameSpec("crane"), GameSpec("pious", ["slate"])], rcfg,
-                                          frozenset(guess_list()), rewards, GroupSettings(4))
-        self.assertEqual(len(out.episodes), 2)
-        turns = sum(len(ep.turns) for ep in out.episodes)
-        self.assertEqual(len(out.items), 4 * turns)
-        sizes = {}
-        for it in out.items:
-            sizes[it.group] = sizes.get(it.group, 0) + 1
-            self.assertEqual(len(it.sequences), 1)
-        self.assertEqual(set(sizes.values()), {4})
-        self.assertEqual(len(sizes), turns)
-
-    def test_turn_mode_plays_on_with_the_chosen_reply(self):
-        model, tok = tiny_policy(0)
-        from wordle_mlx.game.rewards import RewardWeights, Rewards
-        from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.play.rollout import GameSpec
-
-        rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
-        rewards = Rewards(RewardWeights(early=1.2), answers())
-        specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
-        g = 4
-        for mode in ("best", "sampled"):
-            out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg,
-                                              frozenset(guess_list()), rewards, GroupSettings(g, mode))
-            groups = [out.items[k:k + g] for k in range(0, len(out.items), g)]
-            replies = [out.replies[k:k + g] for k in range(0, len(out.replies), g)]
-            played = [(t.prompt_tokens, t.completion_tokens) for ep in out.episodes for t in ep.turns]
-            self.assertEqual(len(played), len(groups))
-            picks = []
-            for items, group_replies in zip(groups, replies):
-                if mode == "sampled":
-                    chosen = 0
-                else:
-                    chosen = max(range(g), key=lambda i: (group_replies[i].error is None, items[i].reward, -i))
-                picks.append((group_replies[chosen].prompt_tokens, group_replies[chosen].completion_tokens))
-            self.assertEqual(sorted(picks), sorted(played), mode)
-        with self.assertRaises(ValueError):
-            GroupSettings(g, "argmax")
-
-    def test_turn_mode_greedy_plays_the_games_greedy_eval_plays(self):
-        """continue_with='greedy': every trajectory is the game greedy evaluation plays (same replies, errors
-        included), while the G replies per turn are still sampled at the rollout temperature."""
-        model, tok = tiny_policy(0)
-        from wordle_mlx.game.rewards import RewardWeights, Rewards
-        from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.play.rollout import GameSpec, play_games
-
-        rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
-        rewards = Rewards(RewardWeights(early=1.2), answers())
-        specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
-        allowed = frozenset(guess_list())
-        out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg, allowed,
-                                          rewards, GroupSettings(4, "greedy"))
-        greedy = play_games(model, tok, specs, rcfg.model_copy(update={"temperature": 0.0}), allowed,
-                            generate_fn=BatchedGenerator(model, tok))
-        self.assertEqual([[(t.completion_tokens, t.error) for t in ep.turns] for ep in out.episodes],
-                         [[(t.completion_tokens, t.error) for t in ep.turns] for ep in greedy])
-        self.assertEqual(len(out.items), 4 * sum(len(ep.turns) for ep in greedy))
-        played = {tuple(t.completion_tokens) for ep in greedy for t in ep.turns}
-        sampled = {tuple(t.completion_tokens) for t in out.replies}
-        self.assertTrue(sampled - played, "the group replies should be samples, not the greedy replies")
-
-    def test_train_greedy_puts_the_greedy_reply_in_its_group(self):
-        """train_greedy: each group is the G samples plus the greedy reply (member G + 1, the reply the game
-        plays on with), scored like the samples; the sampled-reply statistics still count only the G samples."""
-        model, tok = tiny_policy(0)
-        from wordle_mlx.game.rewards import RewardWeights, Rewards
-        from wordle_mlx.game.words import answers, guess_list
-        from wordle_mlx.llm.play.rollout import GameSpec
-
-        rcfg = stage.rollout_config(stage_config(self.tmp.name), 1.0, 3)
         rewards = Rewards(RewardWeights(early=1.2), answers())
         specs = [GameSpec("crane"), GameSpec("pious", ["slate"])]
         allowed = frozenset(guess_list())
-        out = grpo_step.rollout_turn_mode(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg, allowed,
-                                          rewards, GroupSettings(4, "greedy", train_greedy=True))
+        out = grpo_step.rollout(Player(model, tok, BatchedGenerator(model, tok)), specs, rollout_config(1.0, 3),
+                                allowed, rewards, 4)
+        self.assertEqual(len(out.episodes), 2)
         played = [t for ep in out.episodes for t in ep.turns]
         self.assertEqual(len(out.items), 5 * len(played))
         self.assertEqual(len(out.replies), 4 * len(played))
         members = {}
         for item in out.items:
+            self.assertEqual(len(item.sequences), 1)
             members.setdefault(item.group, []).append(item)
         self.assertEqual(sorted(len(m) for m in members.values()), [5] * len(played))
         greedy_members = {(tuple(m[-1].sequences[0].tokens)) for m in members.values()}
@@ -449,17 +373,32 @@ class Stage(unittest.TestCase):
             seq = m[-1].sequences[0]
             self.assertEqual(len(seq.logprobs), len(seq.tokens))
             self.assertTrue(all(math.isfinite(x) and x <= 0 for x in seq.logprobs))
-        with self.assertRaises(ValueError):
-            GroupSettings(4, "best", train_greedy=True)
+
+    def test_rollout_plays_the_games_greedy_eval_plays(self):
+        """Every trajectory is the game greedy evaluation plays (same replies, errors included), while the G
+        replies per turn are still sampled at the rollout temperature."""
+        model, tok = tiny_policy(0)
+        rcfg = rollout_config(1.0, 3)
+        rewards = Rewards(RewardWeights(early=1.2), answers())
+        specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
+        allowed = frozenset(guess_list())
+        out = grpo_step.rollout(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg, allowed, rewards, 4)
+        greedy = play_games(model, tok, specs, rcfg.model_copy(update={"temperature": 0.0}), allowed,
+                            generate_fn=BatchedGenerator(model, tok))
+        self.assertEqual([[(t.completion_tokens, t.error) for t in ep.turns] for ep in out.episodes],
+                         [[(t.completion_tokens, t.error) for t in ep.turns] for ep in greedy])
+        self.assertEqual(len(out.items), 5 * sum(len(ep.turns) for ep in greedy))
+        played = {tuple(t.completion_tokens) for ep in greedy for t in ep.turns}
+        sampled = {tuple(t.completion_tokens) for t in out.replies}
+        self.assertTrue(sampled - played, "the group replies should be samples, not the greedy replies")
 
     def test_sgd_moves_the_weights_by_the_learning_rate_times_the_clipped_gradient(self):
         """optimizer 'sgd': one step moves the LoRA weights by exactly lr * min(grad_norm, max_grad_norm), in norm
         (AdamW would move every weight by about lr); its state is checkpointed like AdamW's moments."""
-        cfg = stage_config(self.tmp.name, steps=1, optimizer="sgd", learning_rate=0.05,
-                           min_lr_ratio=1.0, max_grad_norm=0.5, save_every=1)
-        mx.random.seed(cfg.training.seed)
-        start = dict(tree_flatten(stage.load_policy(cfg)[0].trainable_parameters()))
-        with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+        cfg = stage_config(self.tmp.name, steps=1, save_every=1, optimizer={
+            "name": "sgd", "learning_rate": 0.05, "min_lr_ratio": 1.0, "max_grad_norm": 0.5})
+        start = dict(tree_flatten(load_policy(cfg, PromptConfig(), "free", False)[0].trainable_parameters()))
+        with mock.patch.object(grpo_step, "rollout", spread_rollout):
             stage.run(cfg)
         run_dir = Path(self.tmp.name) / "run"
         (rec,) = train_records(run_dir)
@@ -469,17 +408,24 @@ class Stage(unittest.TestCase):
         assert_f32_close(self, moved, 0.05 * min(rec["grad_norm"], 0.5), rtol=1e-4)   # a norm of float32 differences
         state = mx.load(str(run_dir / "checkpoints" / "step_000001" / "optimizer.safetensors"))
         self.assertEqual({k.rsplit(".", 1)[1] for k in state if k != "step" and k != "learning_rate"}, {"v"})
-        self.assertIsInstance(stage.make_optimizer(cfg)[0], optim.SGD)
+        self.assertIsInstance(make_optimizer(cfg.optimizer, cfg.run.steps)[0], optim.SGD)
 
-    def test_train_greedy_config_needs_turn_mode_with_greedy_continuation(self):
-        with self.assertRaisesRegex(UserError, "x.json.*rl.*train_greedy needs turn_continue 'greedy'"):
-            validate_config({"rl": {"mode": "turn", "turn_continue": "best", "train_greedy": True}},
-                            stage.GRPOConfig, "x.json")
-        ok = validate_config({"rl": {"mode": "turn", "turn_continue": "greedy", "train_greedy": True}},
-                             stage.GRPOConfig, "x.json")
-        self.assertTrue(ok.rl.trains_greedy)
-        episode = validate_config({"rl": {"mode": "episode"}}, stage.GRPOConfig, "x.json")
-        self.assertFalse(episode.rl.trains_greedy)      # the default train_greedy applies in turn mode only
+    def test_old_fields_name_their_new_place_in_one_line(self):
+        for data, message in (({"training": {"steps": 3}}, "training.steps is now run.steps"),
+                              ({"rl": {"mode": "episode"}}, "rl.mode was removed: "),
+                              ({"game_eval": {"every": 2}}, "game_eval is now validation"),
+                              ({"validation": {"keep": "best"}}, "validation.keep was removed: "),
+                              ({"model": {"start_adapter": "x"}}, "model.start_adapter is now model.adapter")):
+            with self.subTest(data=data), self.assertRaises(UserError) as ctx:
+                validate_config(data, stage.GRPOConfig, "x.json")
+            self.assertTrue(str(ctx.exception).startswith(f"x.json: {message}"), str(ctx.exception))
+            self.assertNotIn("\n", str(ctx.exception))
+
+
+def config_part(data: dict) -> dict:
+    """Sections of a GRPO config, validated, to model_copy into another."""
+    cfg = validate_config(data, stage.GRPOConfig, "test")
+    return {k: getattr(cfg, k) for k in data}
 
 
 class StartFromAdapter(unittest.TestCase):
@@ -491,8 +437,8 @@ class StartFromAdapter(unittest.TestCase):
             apply_lora(model, -1, params)
             save_adapters(Path(tmp) / "sft", model, adapter_config(-1, params, "builtin:tiny-random"))
             cfg = stage_config(tmp)
-            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"start_adapter": str(Path(tmp) / "sft")})})
-            policy, _, acfg = stage.load_policy(cfg)
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"adapter": str(Path(tmp) / "sft")})})
+            policy, _, acfg, _ = load_policy(cfg, PromptConfig(), "free", False)
             layers = [m for _, m in policy.named_modules() if hasattr(m, "lora_a")]
             self.assertTrue(layers)
             self.assertTrue(all(m.dropout._p_1 == 1.0 for m in layers))    # keep probability 1: no dropout
@@ -514,10 +460,10 @@ class StartFromAdapter(unittest.TestCase):
             blocks = sorted({int(k.split(".layers.")[1].split(".")[0]) for k in start})
             self.assertGreater(len(blocks), 1)
             data = stage_config(tmp, steps=2, save_every=1).model_dump()
-            data["model"]["start_adapter"] = str(Path(tmp) / "sft")
+            data["model"]["adapter"] = str(Path(tmp) / "sft")
             data["lora"]["train_layers"] = 1
             cfg = validate_config(data, stage.GRPOConfig, "test")
-            with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+            with mock.patch.object(grpo_step, "rollout", spread_rollout):
                 stage.run(cfg)
             end = mx.load(str(Path(tmp) / "run" / "adapters" / "adapters.safetensors"))
             self.assertEqual(set(end), set(start))
@@ -527,18 +473,18 @@ class StartFromAdapter(unittest.TestCase):
                     continue
                 self.assertTrue(mx.array_equal(start[k], end[k]).item(), k)
             self.assertTrue(any(not mx.array_equal(start[k], end[k]).item() for k in start if last in k))
-            policy, _, _ = stage.load_policy(cfg)
+            policy = load_policy(cfg, PromptConfig(), "free", False)[0]
             trainable = {k for k, _ in tree_flatten(policy.trainable_parameters())}
             self.assertTrue(trainable and all(last in k for k in trainable))
-            resumed = validate_config({**data, "training": {**data["training"], "steps": 3},
-                                       "resume": str(Path(tmp) / "run")}, stage.GRPOConfig, "test")
-            with mock.patch.object(grpo_step, "rollout_episode_mode", spread_rollout):
+            resumed = validate_config({**data, "run": {**data["run"], "steps": 3, "resume": str(Path(tmp) / "run")}},
+                                      stage.GRPOConfig, "test")
+            with mock.patch.object(grpo_step, "rollout", spread_rollout):
                 self.assertEqual(stage.run(resumed)["step"], 3)
             after = mx.load(str(Path(tmp) / "run" / "adapters" / "adapters.safetensors"))
             self.assertTrue(all(mx.array_equal(start[k], after[k]).item() for k in start if last not in k))
             self.assertTrue(any(not mx.array_equal(end[k], after[k]).item() for k in start if last in k))
-            data["model"]["start_adapter"] = None
-            with self.assertRaisesRegex(UserError, "lora.train_layers = 1 needs model.start_adapter"):
+            data["model"]["adapter"] = None
+            with self.assertRaisesRegex(UserError, "lora.train_layers = 1 needs model.adapter"):
                 validate_config(data, stage.GRPOConfig, "test")
 
 

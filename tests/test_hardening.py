@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from wordle_mlx.cli import app
-from wordle_mlx.config import load_config
+from wordle_mlx.config import load_config, resolve_path
 from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import candidates
 from wordle_mlx.game.splits import split_words
@@ -33,7 +33,9 @@ from wordle_mlx.game.words import answers, guess_list
 from wordle_mlx.llm.training import grpo_step
 from wordle_mlx.llm.play.generation import Completion
 from wordle_mlx.llm.model.models import load_model
-from wordle_mlx.llm.play.rollout import GameSpec
+from wordle_mlx.game.rewards import Rewards
+from wordle_mlx.llm.play.prompts import PromptConfig, parse_reply
+from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
 from wordle_mlx.stages import data, evaluate, grpo, sft
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,17 +109,19 @@ class ConfigFilesThroughCli(unittest.TestCase):
             ("data", b"{\"out\": ", "invalid JSON"),
             ("eval", b"\xff\xfe{}", "not UTF-8"),
             ("sft", b'{"stepz": 3}', "stepz: unknown field"),
-            ("sft", b'{"steps": "many"}', "steps: Input should be a valid integer"),
-            ("sft", b'{"batch_size": -4}', "batch_size: Input should be greater than or equal to 1"),
-            ("sft", b'{"learning_rate": 1e400}', "learning_rate: Input should be a finite number"),
-            ("sft", b'{"seed": 100000000000000000000000000000}', "seed: Input should be less than 4294967296"),
-            ("sft", b'{"seed": -1}', "seed: Input should be greater than or equal to 0"),
+            ("sft", b'{"steps": 3}', "steps is now run.steps"),
+            ("sft", b'{"run": {"steps": "many"}}', "run.steps: Input should be a valid integer"),
+            ("sft", b'{"data": {"batch_size": -4}}', "data.batch_size: Input should be greater than or equal to 1"),
+            ("sft", b'{"optimizer": {"learning_rate": 1e400}}', "optimizer.learning_rate: Input should be a finite"),
+            ("sft", b'{"run": {"seed": 100000000000000000000000000000}}', "run.seed: Input should be less than"),
+            ("sft", b'{"run": {"seed": -1}}', "run.seed: Input should be greater than or equal to 0"),
             ("sft", b'{"lora": {"rank": 0}}', "lora.rank"),
-            ("train", b'{"training": {"seed": -3}}', "training.seed"),
-            ("train", b'{"training": {"learning_rate": NaN}}', "training.learning_rate"),
-            ("train", b'{"rl": {"mode": "episode", "num_generations": 1}}', "rl.num_generations"),
+            ("train", b'{"run": {"seed": -3}}', "run.seed"),
+            ("train", b'{"optimizer": {"learning_rate": NaN}}', "optimizer.learning_rate"),
+            ("train", b'{"rl": {"num_generations": 1}}', "rl.num_generations"),
             ("train", b'{"reward": {"format": 0}}', "reward"),
-            ("train", b'{"prompts": {"k_weights": [-1]}}', "prompts"),
+            ("train", b'{"rl": {"k_weights": [-1]}}', "rl"),
+            ("train", b'{"training": {"steps": 3}}', "training.steps is now run.steps"),
             ("train", b'{"trainning": {}}', "trainning: unknown field"),
             ("data", b'{"train_examples": 0}', "train_examples"),
             ("data", b'{"mode": "\xe2\x98\x83"}', "mode"),
@@ -143,10 +147,11 @@ class ConfigFilesThroughCli(unittest.TestCase):
     def test_relative_paths_resolve_against_the_config_folder(self):
         (Path(self.tmp.name) / "sub").mkdir()
         cfg_path = Path(self.tmp.name, "sub", "sft.json")
-        cfg_path.write_text(json.dumps({"data": "d", "logs_dir": "../l", "model": "builtin:tiny-random"}))
+        cfg_path.write_text(json.dumps({"data": {"folder": "d"}, "run": {"logs_dir": "../l"},
+                                        "model": {"name": "builtin:tiny-random"}}))
         cfg = load_config(cfg_path, sft.SFTConfig)
-        self.assertEqual(sft.resolve_path(cfg, cfg.data), cfg_path.parent / "d")
-        self.assertEqual(sft.resolve_path(cfg, cfg.logs_dir).resolve(), Path(self.tmp.name, "l").resolve())
+        self.assertEqual(resolve_path(cfg, cfg.data.folder), cfg_path.parent / "d")
+        self.assertEqual(resolve_path(cfg, cfg.run.logs_dir).resolve(), Path(self.tmp.name, "l").resolve())
         cfg_path.write_text(json.dumps({"answers_list": "my.txt"}))
         cfg = load_config(cfg_path, data.DataConfig)
         self.assertEqual(data.word_list_spec(cfg, cfg.answers_list), str(cfg_path.parent / "my.txt"))
@@ -204,8 +209,8 @@ class EvalTimeout(unittest.TestCase):
 class ScriptedPolicy:
     """A generation backend for ONE game: `choose(history, rng)` gives the reply text for the board.
 
-    It mirrors the board itself (a well-formed allowed word is played, as the engine does), so it can
-    stand in for a model in both episode mode and turn mode (same reply for each of the G copies).
+    It mirrors the board itself (the greedy call's well-formed allowed word is played, as the rollout does), so
+    it can stand in for a model in a GRPO rollout (the same reply for each of the G samples).
     """
 
     truncated = 0      # replies cut at max tokens, over all instances
@@ -223,9 +228,8 @@ class ScriptedPolicy:
             ids, finish = ids[: self.max_tokens], "length"
             ScriptedPolicy.truncated += 1
             text = self.tok.decode(ids)
-        from wordle_mlx.llm.play.prompts import parse_reply
         parsed = parse_reply(text, cfg.prompt.require_think, ALLOWED)
-        if parsed.error is None:
+        if parsed.error is None and cfg.temperature == 0.0:    # the game goes on with the greedy reply
             self.history.append((parsed.guess, feedback(parsed.guess, self.secret)))
         return [Completion(list(ids), [-1.0] * len(ids), text, finish) for _ in prompts]
 
@@ -271,15 +275,13 @@ class RewardHacking(unittest.TestCase):
         cls.specs = [GameSpec(w) for w in words[:8]] + [GameSpec(w, ["crane"]) for w in words[8:] if w != "crane"]
 
     def mean_reward(self, cfg: grpo.GRPOConfig, choose) -> float:
-        from wordle_mlx.game.rewards import Rewards
-        rewards = Rewards(cfg.reward, answers())
-        rcfg = grpo.rollout_config(cfg, 1.0, 0)
-        rollout = grpo_step.rollout_turn_mode if cfg.rl.mode == "turn" else grpo_step.rollout_episode_mode
+        rewards = Rewards(cfg.reward.weights(), answers())
+        rcfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=cfg.max_tokens, seed=0, prompt=PromptConfig(),
+                             decode="free")
         total, n = 0.0, 0
         for i, spec in enumerate(self.specs):
-            policy = ScriptedPolicy(self.tok, spec.secret, spec.seeded_guesses, choose, cfg.rl.max_completion_tokens, i)
-            out = rollout(grpo_step.Player(None, self.tok, policy), [spec], rcfg, ALLOWED, rewards,
-                          grpo_step.GroupSettings(2))
+            policy = ScriptedPolicy(self.tok, spec.secret, spec.seeded_guesses, choose, cfg.max_tokens, i)
+            out = grpo_step.rollout(grpo_step.Player(None, self.tok, policy), [spec], rcfg, ALLOWED, rewards, 2)
             total += sum(it.reward for it in out.items)
             n += len(out.items)
         return total / n
@@ -290,20 +292,18 @@ class RewardHacking(unittest.TestCase):
         self.table = []
         for path in configs:
             cfg = load_config(path, grpo.GRPOConfig)
-            for mode in ("episode", "turn"):
-                cfg_mode = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"mode": mode})})
-                good = self.mean_reward(cfg_mode, consistent_candidate)
-                for name, choose in ADVERSARIES.items():
-                    with self.subTest(config=path.name, mode=mode, policy=name):
-                        cut = ScriptedPolicy.truncated
-                        bad = self.mean_reward(cfg_mode, choose)
-                        self.assertLess(bad, good, f"{name}: {bad:.4f} >= consistent {good:.4f}")
-                        if "max" in name:     # these replies really hit the token limit
-                            self.assertGreater(ScriptedPolicy.truncated, cut)
-                        self.table.append((path.name, mode, name, bad, good))
+            good = self.mean_reward(cfg, consistent_candidate)
+            for name, choose in ADVERSARIES.items():
+                with self.subTest(config=path.name, policy=name):
+                    cut = ScriptedPolicy.truncated
+                    bad = self.mean_reward(cfg, choose)
+                    self.assertLess(bad, good, f"{name}: {bad:.4f} >= consistent {good:.4f}")
+                    if "max" in name:     # these replies really hit the token limit
+                        self.assertGreater(ScriptedPolicy.truncated, cut)
+                    self.table.append((path.name, name, bad, good))
         if os.environ.get("WORDLE_MLX_SHOW_REWARDS"):
             for row in self.table:
-                print("%s | %s | %s | %.4f | %.4f" % row)
+                print("%s | %s | %.4f | %.4f" % row)
 
 
 class PathsAndOverwrite(unittest.TestCase):
@@ -320,13 +320,15 @@ class PathsAndOverwrite(unittest.TestCase):
                    "WORDLE_MLX_CACHE": str(cls.cache), "PYTHONDONTWRITEBYTECODE": "1"}
         (cls.proj / "data.json").write_text(json.dumps({"out": "data", "train_examples": 4, "valid_examples": 2}))
         (cls.proj / "sft.json").write_text(json.dumps({
-            "model": "builtin:tiny-random", "data": "data", "logs_dir": "logs", "run_name": "s", "steps": 2,
-            "batch_size": 2, "valid_every": 0, "save_every": 1, "lora": {"rank": 2}}))
+            "model": {"name": "builtin:tiny-random"}, "data": {"folder": "data", "batch_size": 2},
+            "run": {"logs_dir": "logs", "name": "s", "steps": 2, "save_every": 1}, "validation": {"every": 0},
+            "lora": {"rank": 2}}))
         (cls.proj / "grpo.json").write_text(json.dumps({
-            "model": {"name": "builtin:tiny-random"}, "lora": {"rank": 2},
-            "training": {"optimizer": "adamw", "min_lr_ratio": 0.0, "steps": 2, "batch_prompts": 1, "save_every": 1},
-            "rl": {"mode": "episode", "num_generations": 2, "max_completion_tokens": 4, "max_invalid_replies": 1},
-            "game_eval": {"every": 0}, "logs_dir": "logs", "run_name": "g"}))
+            "model": {"name": "builtin:tiny-random", "adapter": None}, "lora": {"rank": 2},
+            "optimizer": {"name": "adamw", "min_lr_ratio": 0.0},
+            "run": {"steps": 2, "save_every": 1, "logs_dir": "logs", "name": "g"},
+            "rl": {"batch_prompts": 1, "num_generations": 2}, "max_tokens": 4, "decode": "free",
+            "validation": {"every": 0}}))
 
     @classmethod
     def tearDownClass(cls):

@@ -78,9 +78,9 @@ class MacRehearsal:
 
         self.data()
         cfg = self.write("sft.json", recipe("sft-bf16.json", **{
-            "model": self.model, "dtype": self.dtype, "data": str(self.root / "data"),
-            "logs_dir": str(self.root / "logs"), "steps": 2, "batch_size": 4, "valid_every": 2, "valid_batches": 1,
-            "save_every": 2}))
+            "model.name": self.model, "model.dtype": self.dtype, "data.folder": str(self.root / "data"),
+            "run.logs_dir": str(self.root / "logs"), "run.steps": 2, "data.batch_size": 4, "validation.every": 2,
+            "validation.batches": 1, "run.save_every": 2}))
         return self.once("sft", lambda: sft.run(load_config(cfg, sft.SFTConfig)))
 
     def train(self) -> dict:
@@ -89,10 +89,9 @@ class MacRehearsal:
 
         adapters = self.sft()["adapters"]
         cfg = self.write("grpo.json", recipe("grpo-bf16.json", **{
-            "model.name": self.model, "model.dtype": self.dtype, "model.start_adapter": adapters,
-            "logs_dir": str(self.root / "logs"), "training.steps": 1, "training.batch_prompts": 2,
-            "training.save_every": 0, "rl.num_generations": 2, "rl.max_completion_tokens": 8,
-            "rl.max_invalid_replies": 1, "game_eval.every": 0, "game_eval.keep": "last"}))
+            "model.name": self.model, "model.dtype": self.dtype, "model.adapter": adapters,
+            "run.logs_dir": str(self.root / "logs"), "run.steps": 1, "rl.batch_prompts": 2,
+            "run.save_every": 0, "rl.num_generations": 2, "max_tokens": 8, "validation.every": 0}))
 
         def run():
             from wordle_mlx.llm.play import generation
@@ -130,9 +129,9 @@ class MacRehearsal:
 
     def test_2_sft_with_grad_checkpoint(self):
         result = self.sft()
-        saved = json.loads((Path(result["run_dir"]) / "config.json").read_text())
-        self.assertTrue(saved["grad_checkpoint"])
-        self.assertEqual(result["steps"], 2)
+        saved = json.loads((Path(result["run"]) / "config.json").read_text())
+        self.assertTrue(saved["model"]["grad_checkpoint"])
+        self.assertEqual(result["step"], 2)
         self.assertTrue(0 < result["final_loss"] < 100)
         self.assertTrue((Path(result["adapters"]) / "adapters.safetensors").is_file())
 

@@ -182,10 +182,10 @@ class PlanStageTest(unittest.TestCase):
                          (8, 4, 256, 262_208, 4))
 
     def test_sft_and_grpo_configs_are_told_apart(self):
-        sft = write_json(self.tmp, "sft.json", {"model": str(self.tmp), "steps": 1, "batch_size": 3,
-                                                "grad_checkpoint": True, "data": "nowhere"})
-        grpo = write_json(self.tmp, "grpo.json", {"model": {"name": str(self.tmp)}, "training": {"batch_prompts": 2}})
-        for path, kind, field in ((sft, "sft", "batch_size"), (grpo, "grpo", "training.batch_prompts")):
+        sft = write_json(self.tmp, "sft.json", {"model": {"name": str(self.tmp), "grad_checkpoint": True},
+                                                "run": {"steps": 1}, "data": {"batch_size": 3, "folder": "nowhere"}})
+        grpo = write_json(self.tmp, "grpo.json", {"model": {"name": str(self.tmp)}, "rl": {"batch_prompts": 2}})
+        for path, kind, field in ((sft, "sft", "data.batch_size"), (grpo, "grpo", "rl.batch_prompts")):
             with self.subTest(kind=kind):
                 r = plan.run(plan.PlanConfig(config=str(path), memory_gb=8, json_output=True))
                 self.assertEqual((r["stage"], r["batch_field"], r["bits"]), (kind, field, 4))
@@ -195,12 +195,12 @@ class PlanStageTest(unittest.TestCase):
         self.assertIn("checkpointed", r["notes"]["activations"])
 
     def test_bad_inputs_are_one_line_errors(self):
-        bad = write_json(self.tmp, "bad.json", {"model": "x", "steps": 0})
+        bad = write_json(self.tmp, "bad.json", {"model": {"name": "x"}, "run": {"steps": 0}})
         with self.assertRaises(UserError) as e:
             plan.stage_config(str(bad))
         self.assertIn(str(bad), str(e.exception))
         self.assertIn("not an SFT, GRPO, self-play or eval config", str(e.exception))
-        hub = write_json(self.tmp, "hub.json", {"model": "someone/not-cached-model-xyz"})
+        hub = write_json(self.tmp, "hub.json", {"model": {"name": "someone/not-cached-model-xyz"}})
         with self.assertRaises(UserError) as e:
             plan.run(plan.PlanConfig(config=str(hub)))
         self.assertIn("someone/not-cached-model-xyz", str(e.exception))
@@ -238,8 +238,9 @@ class PlanStageTest(unittest.TestCase):
 
         data.run(data.DataConfig(out=str(self.tmp / "data"), train_examples=8, valid_examples=2, think_style="none",
                                  progress=False))
-        path = write_json(self.tmp, "sft.json", {"model": "builtin:tiny-random", "data": "data", "steps": 40,
-                                                 "batch_size": 2, "valid_every": 10, "progress": False})
+        path = write_json(self.tmp, "sft.json", {"model": {"name": "builtin:tiny-random"},
+                                                 "data": {"folder": "data", "batch_size": 2},
+                                                 "run": {"steps": 40, "progress": False}, "validation": {"every": 10}})
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             r = plan_measure.run(plan.PlanConfig(config=str(path), measure=True))
@@ -257,14 +258,15 @@ class PlanStageTest(unittest.TestCase):
         from wordle_mlx.config import load_config
         from wordle_mlx.llm.model import lora
         from wordle_mlx.llm.model.models import load_model
+        from wordle_mlx.llm.training.trainer import make_optimizer
         from wordle_mlx.stages import grpo
 
-        path = write_json(self.tmp, "grpo.json", {"model": {"name": "builtin:tiny-random"},
-                                                  "training": {"optimizer": "sgd"}})
+        path = write_json(self.tmp, "grpo.json", {"model": {"name": "builtin:tiny-random", "adapter": None},
+                                                  "optimizer": {"name": "sgd"}})
         cfg = load_config(path, grpo.GRPOConfig)
         model, _ = load_model("builtin:tiny-random")
         lora.apply_lora(model, cfg.lora.num_layers, lora.lora_parameters(cfg.lora.rank, cfg.lora.scale, 0.0, None))
-        optimizer, _ = grpo.make_optimizer(cfg)
+        optimizer, _ = make_optimizer(cfg.optimizer, cfg.run.steps)
         optimizer.init(model.trainable_parameters())
         state = sum(v.nbytes for k, v in tree_flatten(optimizer.state) if k not in ("step", "learning_rate"))
         numbers, _ = plan.grpo_numbers(cfg, None)
@@ -285,7 +287,7 @@ class PlanStageTest(unittest.TestCase):
 
         for batch, warned in ((2, False), (10 ** 9, True)):
             with self.subTest(batch=batch):
-                path = write_json(self.tmp, "sft.json", {"model": str(self.tmp), "batch_size": batch})
+                path = write_json(self.tmp, "sft.json", {"model": {"name": str(self.tmp)}, "data": {"batch_size": batch}})
                 err = io.StringIO()
                 with contextlib.redirect_stderr(err):
                     plan.warn_if_over_working_set("sft", load_config(path, SFTConfig))
@@ -293,13 +295,13 @@ class PlanStageTest(unittest.TestCase):
                 self.assertLessEqual(len(err.getvalue().splitlines()), 1)
 
     def test_command_line(self):
-        sft = write_json(self.tmp, "sft.json", {"model": str(self.tmp), "batch_size": 2})
+        sft = write_json(self.tmp, "sft.json", {"model": {"name": str(self.tmp)}, "data": {"batch_size": 2}})
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         ok = subprocess.run([sys.executable, "-m", "wordle_mlx", "plan", "--config", str(sft), "--memory-gb", "16"],
                             capture_output=True, text=True, env=env, cwd=ROOT)
         self.assertEqual(ok.returncode, 0, ok.stderr)
         self.assertIn("peak", ok.stdout)
-        self.assertIn("largest batch_size within 12.0 GB (16 GB x 75%)", ok.stdout)
+        self.assertIn("largest data.batch_size within 12.0 GB (16 GB x 75%)", ok.stdout)
         bad = write_json(self.tmp, "broken.json", "{not json")
         err = subprocess.run([sys.executable, "-m", "wordle_mlx", "plan", "--config", str(bad)],
                              capture_output=True, text=True, env=env, cwd=ROOT)

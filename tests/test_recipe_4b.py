@@ -31,7 +31,18 @@ CONFIG_4B = {"model_type": "gemma3", "vocab_size": 262_208, "torch_dtype": "bflo
 
 
 def adapters_of(cfg) -> Path:
-    return resolve_path(cfg, cfg.logs_dir).resolve() / cfg.run_name / "adapters"
+    return resolve_path(cfg, cfg.run.logs_dir).resolve() / cfg.run.name / "adapters"
+
+
+def flat(config: dict, prefix: str = "") -> dict:
+    """A config as {dotted key: value}."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 class RecipeConfigsTest(unittest.TestCase):
@@ -60,21 +71,21 @@ class RecipeConfigsTest(unittest.TestCase):
         twins = {"sft": "sft", "sft-focus": "sft-focus", "sft-fit": "sft-fit", "sft-choice": "sft-choice",
                  "sft-choice-more": "sft-choice-more", "sft-cover": "sft-cover", "self-play": "self-play",
                  "self-play-2": "self-play-2", "grpo": "grpo-cover"}
-        paths = ("model", "data", "run_name", "start_adapter", "adapter", "out", "dtype", "grad_checkpoint")
+        paths = ("model", "model.name", "model.dtype", "model.adapter", "model.grad_checkpoint", "data.folder",
+                 "run.name", "adapter", "out", "dtype")
         for stem, twin in twins.items():
             with self.subTest(config=stem):
-                small = json.loads((ROOT / "config" / "recipe-270m" / f"{twin}.json").read_text())
-                big = json.loads((RECIPE / f"{stem}-bf16.json").read_text())
-                if stem == "grpo":
-                    self.assertEqual(big["model"]["name"], "mlx-community/gemma-3-4b-it-bf16")
-                    small, big = (dict(d, model=None, run_name=None) for d in (small, big))
-                if "lora" in small and small["lora"].get("train_layers"):
-                    self.assertEqual((small["lora"]["train_layers"], big["lora"]["train_layers"]), (6, 12))
-                    big["lora"]["train_layers"] = 6
+                small = flat(json.loads((ROOT / "config" / "recipe-270m" / f"{twin}.json").read_text()))
+                big = flat(json.loads((RECIPE / f"{stem}-bf16.json").read_text()))
+                if "lora.train_layers" in small:
+                    self.assertEqual((small["lora.train_layers"], big["lora.train_layers"]), (6, 12))
+                    big["lora.train_layers"] = 6
                 self.assertEqual({k: v for k, v in big.items() if k not in paths},
                                  {k: v for k, v in small.items() if k not in paths})
                 if stem.startswith("sft"):
-                    self.assertTrue(big["grad_checkpoint"])
+                    self.assertTrue(big["model.grad_checkpoint"])
+                if stem == "grpo":
+                    self.assertEqual(big["model.name"], "mlx-community/gemma-3-4b-it-bf16")
         for name in ("data.json", "data-focus.json", "data-fit.json"):
             small = json.loads((ROOT / "config" / "recipe-270m" / name).read_text())
             big = json.loads((RECIPE / name).read_text())
@@ -91,25 +102,25 @@ class RecipeConfigsTest(unittest.TestCase):
         for v in VARIANTS:
             with self.subTest(variant=v):
                 sft = self.load(f"sft-{v}.json", SFTConfig)
-                self.assertEqual(sft.model, f"mlx-community/gemma-3-4b-it-{v}")
-                self.assertEqual(resolve_path(sft, sft.data).resolve(), resolve_path(data, data.out).resolve())
+                self.assertEqual(sft.model.name, f"mlx-community/gemma-3-4b-it-{v}")
+                self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), resolve_path(data, data.out).resolve())
                 fit = self.load(f"sft-fit-{v}.json", SFTConfig)
                 play = self.load(f"self-play-{v}.json", ChoiceConfig)
                 self.assertEqual(resolve_path(play, play.adapter).resolve(), adapters_of(fit))
                 choice = self.load(f"sft-choice-{v}.json", SFTConfig)
-                self.assertEqual(resolve_path(choice, choice.data).resolve(), resolve_path(play, play.out).resolve())
-                self.assertEqual(resolve_path(choice, choice.start_adapter).resolve(), adapters_of(fit))
+                self.assertEqual(resolve_path(choice, choice.data.folder).resolve(),
+                                 resolve_path(play, play.out).resolve())
+                self.assertEqual(resolve_path(choice, choice.model.adapter).resolve(), adapters_of(fit))
                 play2 = self.load(f"self-play-2-{v}.json", ChoiceConfig)
                 cover_in, cover_out = (ROOT / cover[i].replace("$VARIANT", v) for i in (1, 2))
                 self.assertEqual(cover_in.resolve(), resolve_path(play2, play2.out).resolve())
                 last = self.load(f"sft-cover-{v}.json", SFTConfig)
-                self.assertEqual(resolve_path(last, last.data).resolve(), cover_out.resolve())
-                self.assertEqual(resolve_path(last, last.start_adapter).resolve(),
+                self.assertEqual(resolve_path(last, last.data.folder).resolve(), cover_out.resolve())
+                self.assertEqual(resolve_path(last, last.model.adapter).resolve(),
                                  resolve_path(play2, play2.adapter).resolve())
                 grpo = self.load(f"grpo-{v}.json", GRPOConfig)
-                self.assertEqual(resolve_path(grpo, grpo.model.start_adapter).resolve(), adapters_of(last))
-                self.assertEqual((grpo.rl.mode, grpo.training.optimizer), ("turn", "sgd"))
-                self.assertEqual(grpo.rl.prompt, data.prompt)
+                self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), adapters_of(last))
+                self.assertEqual(grpo.optimizer.name, "sgd")
                 self.assertEqual(self.load(f"eval-{v}.json", EvalConfig).rollout.prompt, data.prompt)
 
     def test_variants_differ_only_in_the_model(self):

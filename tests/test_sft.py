@@ -18,6 +18,7 @@ from wordle_mlx.config import load_config, validate_config
 from wordle_mlx.errors import UserError
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.model.models import load_model, resolve_model
+from wordle_mlx.llm.training.policy import trained_record
 from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
 from wordle_mlx.metrics import read_jsonl
 from wordle_mlx.stages import data, fuse, sft
@@ -27,6 +28,12 @@ TINY = "builtin:tiny-random"
 
 def sft_records(run_dir: Path, kind: str = "sft") -> dict[int, dict]:
     return {r["step"]: r for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == kind}
+
+
+# the test's short names for the fields it varies
+SHORT = {"data": "data.folder", "steps": "run.steps", "resume": "run.resume", "save_every": "run.save_every",
+         "report_to": "run.report_to", "learning_rate": "optimizer.learning_rate",
+         "start_adapter": "model.adapter"}
 
 
 class SFTTest(unittest.TestCase):
@@ -46,11 +53,21 @@ class SFTTest(unittest.TestCase):
         cls.tmp.cleanup()
 
     def config(self, name: str, **fields) -> sft.SFTConfig:
-        base = {"model": TINY, "data": str(self.root / "data"), "logs_dir": str(self.root / "logs"), "run_name": name,
-                "steps": 6, "batch_size": 4, "learning_rate": 1e-2, "warmup_steps": 1, "valid_every": 3,
-                "save_every": 3, "progress": False, "lora": {"rank": 4, "dropout": 0.1},
-                "max_seq_length": 1024, "pad_to": 32, "valid_batches": 0}
-        base.update(fields)
+        """A tiny-model config; `fields` by the short names of SHORT (a dict for lora and validation)."""
+        base = {"model": {"name": TINY}, "data": {"folder": str(self.root / "data"), "batch_size": 4,
+                                                  "max_seq_length": 1024, "pad_to": 32},
+                "run": {"logs_dir": str(self.root / "logs"), "name": name, "steps": 6, "save_every": 3,
+                        "progress": False},
+                "optimizer": {"learning_rate": 1e-2, "warmup_steps": 1}, "validation": {"every": 3, "batches": 0},
+                "lora": {"rank": 4, "dropout": 0.1}}
+        for key, value in fields.items():
+            if key in ("lora", "validation"):
+                base[key].update(value)
+            elif key in SHORT:
+                section, field = SHORT[key].split(".")
+                base[section][field] = value
+            else:
+                base[key] = value
         return validate_config(base, sft.SFTConfig, "test")
 
     def test_selected_positions_loss_equals_full_logits_loss(self):
@@ -106,10 +123,10 @@ class SFTTest(unittest.TestCase):
         self.assertEqual(batch.weights.sum().item(), len(tokens) - offset)
 
     def test_loss_falls_and_run_folder(self):
-        cfg = self.config("memorise", steps=12, lora={"rank": 8, "dropout": 0.0},
-                          game_eval={"every": 12, "games": 2, "max_tokens_per_turn": 8})
+        cfg = self.config("memorise", steps=12, lora={"rank": 8, "dropout": 0.0}, max_tokens=8,
+                          validation={"every": 3, "games": 2})
         result = sft.run(cfg)
-        run_dir = Path(result["run_dir"])
+        run_dir = Path(result["run"])
         losses = [r["loss"] for r in sft_records(run_dir).values()]
         self.assertLess(min(losses[-3:]), losses[0] - 1.0)   # nats; the tiny random model starts near log(384)
         valid = sft_records(run_dir, "sft_valid")
@@ -173,32 +190,33 @@ class SFTTest(unittest.TestCase):
 
     def test_resume_matches_uninterrupted_run(self):
         full = sft.run(self.config("full"))
-        interrupted = self.config("cut")
-        real_write = sft.MetricsWriter.write
+        interrupted = self.config("cut", save_every=0)
+        real_gradient, calls = sft.mean_gradient, []
 
-        def crash_at_step_5(writer, record):
-            if record.get("kind") == "sft" and record["step"] == 5:
-                raise KeyboardInterrupt
-            real_write(writer, record)
+        def ctrl_c_in_step_5(*args):
+            calls.append(1)
+            if len(calls) == 5:
+                raise KeyboardInterrupt          # a second Ctrl-C: the unfinished step is dropped
+            return real_gradient(*args)
 
-        with mock.patch.object(sft.MetricsWriter, "write", crash_at_step_5):
-            with self.assertRaises(KeyboardInterrupt):
-                sft.run(interrupted)
+        with mock.patch.object(sft, "mean_gradient", ctrl_c_in_step_5):
+            result = sft.run(interrupted)
+        self.assertEqual((result["step"], result["stopped"], result["signal"]), (4, "interrupted", "SIGINT"))
         cut_dir = self.root / "logs" / "cut"
-        self.assertEqual(lora.latest_checkpoint(cut_dir / "checkpoints").name, "step_000003")
+        self.assertEqual(lora.latest_checkpoint(cut_dir / "checkpoints").name, "step_000004")
         resumed_cfg = load_config(cut_dir / "config.json", sft.SFTConfig)
-        sft.run(resumed_cfg.model_copy(update={"resume": str(cut_dir)}))
-        a, b = sft_records(Path(full["run_dir"])), sft_records(cut_dir)
+        sft.run(resumed_cfg.model_copy(update={"run": resumed_cfg.run.model_copy(update={"resume": str(cut_dir)})}))
+        a, b = sft_records(Path(full["run"])), sft_records(cut_dir)
         for step in (4, 5, 6):
-            self.assertAlmostEqual(a[step]["loss"], b[step]["loss"], delta=1e-6)
+            self.assertAlmostEqual(a[step]["loss"], b[step]["loss"], delta=1e-6)   # float32 sums of a few nats
             self.assertAlmostEqual(a[step]["grad_norm"], b[step]["grad_norm"], delta=1e-5)
-        wa = mx.load(str(Path(full["run_dir"]) / "adapters" / "adapters.safetensors"))
+        wa = mx.load(str(Path(full["run"]) / "adapters" / "adapters.safetensors"))
         wb = mx.load(str(cut_dir / "adapters" / "adapters.safetensors"))
         self.assertEqual(set(wa), set(wb))
         for k in wa:
             self.assertLess(mx.abs(wa[k] - wb[k]).max().item(), 1e-6)
         runs = [r for _, r in read_jsonl(cut_dir / "metrics.jsonl") if r["kind"] == "run"]
-        self.assertEqual([r["resumed_from_step"] for r in runs], [None, 3])
+        self.assertEqual([r["resumed_from_step"] for r in runs], [None, 4])
 
     def test_start_adapter_starts_from_its_weights(self):
         first = sft.run(self.config("init_src", steps=3, lora={"rank": 4, "dropout": 0.0}))
@@ -211,17 +229,20 @@ class SFTTest(unittest.TestCase):
         self.assertTrue(any(mx.abs(v).max().item() > 1e-3 for k, v in src.items() if "lora_b" in k))
         for k in src:
             self.assertLess(mx.abs(src[k] - dst[k]).max().item(), 1e-6, k)
-        saved = json.loads((Path(second["run_dir"]) / "config.json").read_text())
-        self.assertEqual(saved["start_adapter"], str(Path(first["adapters"]).resolve()))
-        with self.assertRaisesRegex(UserError, r"start_adapter .*lora\.rank"):
-            sft.run(self.config("init_bad", steps=1, lora={"rank": 8}, start_adapter=first["adapters"]))
-        with self.assertRaisesRegex(UserError, "start_adapter .*no adapters.safetensors"):
+        saved = json.loads((Path(second["run"]) / "config.json").read_text())
+        self.assertEqual(saved["model"]["adapter"], str(Path(first["adapters"]).resolve()))
+        # the adapter's own layout applies (as mlx-lm loads it), whatever the lora section says
+        third = sft.run(self.config("init_layout", steps=1, learning_rate=1e-12, lora={"rank": 8, "scale": 10.0},
+                                    start_adapter=first["adapters"]))
+        acfg = json.loads((Path(third["adapters"]) / "adapter_config.json").read_text())
+        self.assertEqual((acfg["lora_parameters"]["rank"], acfg["lora_parameters"]["scale"]), (4, 20.0))
+        with self.assertRaisesRegex(UserError, "model.adapter .*nowhere: no such adapter folder"):
             sft.run(self.config("init_none", steps=1, start_adapter=str(self.root / "nowhere")))
-        # the same weights under another LoRA scale are another function: refused, naming both scales
-        with self.assertRaisesRegex(UserError, r"start_adapter .*adapter_config.json: lora_parameters.scale is 20.0 "
-                                               r"but lora.scale is 10.0"):
-            sft.run(self.config("init_scale", steps=1, lora={"rank": 4, "scale": 10.0}, start_adapter=first["adapters"]))
-        self.assertFalse((self.root / "logs" / "init_scale").exists())   # a failed start leaves no run folder
+        empty = self.root / "empty_adapter"
+        empty.mkdir()
+        with self.assertRaisesRegex(UserError, "adapter .*empty_adapter.*: missing adapter_config.json"):
+            sft.run(self.config("init_empty", steps=1, start_adapter=str(empty)))
+        self.assertFalse((self.root / "logs" / "init_empty").exists())   # a failed start leaves no run folder
 
     def test_train_layers_trains_only_the_last_blocks(self):
         first = sft.run(self.config("layers_src", steps=3, lora={"rank": 4, "dropout": 0.0}))
@@ -234,21 +255,36 @@ class SFTTest(unittest.TestCase):
         mark = f".layers.{last}."
         self.assertTrue(all(mx.array_equal(src[k], out[k]).item() for k in src if mark not in k))
         self.assertTrue(any(not mx.array_equal(src[k], out[k]).item() for k in src if mark in k))
-        run = next(r for _, r in read_jsonl(Path(second["run_dir"]) / "metrics.jsonl") if r["kind"] == "run")
+        run = next(r for _, r in read_jsonl(Path(second["run"]) / "metrics.jsonl") if r["kind"] == "run")
         self.assertEqual(run["trainable_parameters"], sum(v.size for k, v in src.items() if mark in k))
-        with self.assertRaisesRegex(UserError, "lora.train_layers = 2 needs start_adapter"):
+        with self.assertRaisesRegex(UserError, "lora.train_layers = 2 needs model.adapter"):
             validate_config({"lora": {"train_layers": 2}}, sft.SFTConfig, "x.json")
         with self.assertRaisesRegex(UserError, r"lora.train_layers = 99 is more than the \d+ blocks"):
             sft.run(self.config("layers_many", steps=1, lora={"rank": 4, "dropout": 0.0, "train_layers": 99},
                                 start_adapter=first["adapters"]))
+
+    def test_report_to_tensorboard_writes_the_steps_into_the_run_folder(self):
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        result = sft.run(self.config("tb", steps=2, report_to="tensorboard", validation={"every": 2}))
+        events = EventAccumulator(str(Path(result["run"]) / "tensorboard"))
+        events.Reload()
+        logged = sft_records(Path(result["run"]))
+        self.assertEqual([e.step for e in events.Scalars("sft/loss")], [1, 2])
+        for event in events.Scalars("sft/loss"):       # stored as float32
+            self.assertAlmostEqual(event.value, logged[event.step]["loss"], delta=1e-6 * abs(event.value))
+        self.assertEqual([e.step for e in events.Scalars("sft_valid/val_loss")], [2])
+        self.assertIn("run/config", events.Tags()["tensors"])
 
     def test_bad_inputs(self):
         with self.assertRaisesRegex(UserError, "train.jsonl: file not found"):
             sft.run(self.config("nodata", data=str(self.root / "nowhere")))
         with self.assertRaisesRegex(UserError, "lora.rank"):
             validate_config({"lora": {"rank": 0}}, sft.SFTConfig, "x.json")
-        with self.assertRaisesRegex(UserError, "learning_rat: unknown field"):
-            validate_config({"learning_rat": 1}, sft.SFTConfig, "x.json")
+        with self.assertRaisesRegex(UserError, "optimizer.learning_rat: unknown field"):
+            validate_config({"optimizer": {"learning_rat": 1}}, sft.SFTConfig, "x.json")
+        with self.assertRaisesRegex(UserError, "^x.json: learning_rate is now optimizer.learning_rate$"):
+            validate_config({"learning_rate": 1}, sft.SFTConfig, "x.json")
         with self.assertRaisesRegex(UserError, "no config.json"):
             sft.run(self.config("r", resume=str(self.root / "nothing")))
 
@@ -260,11 +296,11 @@ class SFTTest(unittest.TestCase):
         data.run(validate_config({"out": str(folder), "train_examples": 8, "valid_examples": 4, "progress": False},
                                  data.DataConfig, "test"))
         result = sft.run(self.config("words", data=str(folder), steps=2, decode="words", train_tags=True,
-                                     valid_every=2))
+                                     validation={"every": 2}))
         self.assertTrue(np.isfinite(result["final_loss"]))
-        first = sft_records(Path(result["run_dir"]))[1]
+        first = sft_records(Path(result["run"]))[1]
         self.assertGreater(first["target_tokens"], 5 * 4)           # letters and tags of the batch's 4 replies
-        acfg = json.loads((Path(result["run_dir"]) / "adapters" / "adapter_config.json").read_text())
+        acfg = json.loads((Path(result["run"]) / "adapters" / "adapter_config.json").read_text())
         self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("words", True))
         records = data.read_sft_jsonl(folder / "train.jsonl")
         seeded = next(i for i, r in enumerate(records) if r["meta"]["history"])
@@ -274,20 +310,17 @@ class SFTTest(unittest.TestCase):
             sft.run(self.config("words2", data=str(folder), steps=1, decode="words"))
 
     def test_the_record_keeps_tags_trained_by_the_start_adapter(self):
-        words = validate_config({"decode": "words"}, sft.SFTConfig, "x.json")
-        self.assertEqual(sft.trained_decoding(words, None), {"decode": "words", "trained_tags": False})
+        self.assertEqual(trained_record("words", False, None), {"decode": "words", "trained_tags": False})
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "adapter_config.json").write_text(json.dumps({"decode": "free", "trained_tags": True}))
-            self.assertEqual(sft.trained_decoding(words, Path(tmp)), {"decode": "words", "trained_tags": True})
-        tags = validate_config({"decode": "grammar", "train_tags": True}, sft.SFTConfig, "x.json")
-        self.assertEqual(sft.trained_decoding(tags, None), {"decode": "grammar", "trained_tags": True})
+            self.assertEqual(trained_record("words", False, Path(tmp)), {"decode": "words", "trained_tags": True})
+        self.assertEqual(trained_record("grammar", True, None), {"decode": "grammar", "trained_tags": True})
+        self.assertEqual(trained_record("free", False, None), {"decode": "free", "trained_tags": True})
 
     def test_grammar_loss_is_the_old_name_of_decode_grammar(self):
-        self.assertEqual(validate_config({"grammar_loss": True}, sft.SFTConfig, "x.json").decode, "grammar")
-        self.assertEqual(validate_config({"grammar_loss": False}, sft.SFTConfig, "x.json").decode, "free")
+        with self.assertRaisesRegex(UserError, '^x.json: grammar_loss is now decode \\(true: decode "grammar"\\)$'):
+            validate_config({"grammar_loss": True}, sft.SFTConfig, "x.json")
         self.assertEqual(validate_config({"decode": "words"}, sft.SFTConfig, "x.json").decode, "words")
-        with self.assertRaisesRegex(UserError, "grammar_loss is the old name of decode 'grammar'"):
-            validate_config({"grammar_loss": True, "decode": "words"}, sft.SFTConfig, "x.json")
 
     def test_data_without_stats_json_must_use_the_default_prompt(self):
         from wordle_mlx.llm.play.prompts import PromptConfig, system_prompt

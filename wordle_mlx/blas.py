@@ -1,11 +1,11 @@
 """Fast BLAS for MLX on Linux CPU.
 
-The `mlx[cpu]` wheel bundles the reference BLAS, which runs an fp32 2048x2048 matmul about 30x slower
-than OpenBLAS. Symbols from a library named in LD_PRELOAD win over the bundled ones, so when we run on
+The `mlx[cpu]` wheel bundles the reference BLAS, which runs fp32 matmuls far slower than OpenBLAS.
+Symbols from a library named in LD_PRELOAD win over the bundled ones, so when we run on
 Linux, OpenBLAS is installed and not yet preloaded, the process re-executes itself once with
 LD_PRELOAD set. OpenBLAS picks its kernels from the CPU model, and on virtual machines that report a
-generic model ("Intel(R) Xeon(R) Processor") it falls back to its oldest x86-64 kernels (Prescott): an
-fp32 2048x2048 matmul then runs at ~60 GFLOP/s instead of ~270 on the same AVX-512 cores. So the
+generic model ("Intel(R) Xeon(R) Processor") it falls back to its oldest x86-64 kernels (Prescott), which
+leave the same AVX-512 cores' vector units unused. So the
 re-exec also sets OPENBLAS_CORETYPE from the CPU's feature flags (SkylakeX with AVX-512, Haswell with
 AVX2 + FMA) unless the user set it. `describe_blas()` reads /proc/self/maps to say which BLAS this
 process really has. Set WORDLE_MLX_NO_REEXEC=1 to opt out of both.

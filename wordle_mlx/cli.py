@@ -42,6 +42,7 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pre
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="JSON config file.")]
+PrintConfig = Annotated[bool, typer.Option("--print-config", help="Print the effective config (defaults, file and flags merged) as JSON and exit.")]
 
 
 def emit(result: dict, as_json: bool) -> None:
@@ -49,10 +50,21 @@ def emit(result: dict, as_json: bool) -> None:
         print(json.dumps(result, indent=2))
 
 
+def run_stage(stage, cfg, print_config: bool, json_output: bool) -> dict | None:
+    """`--print-config`: the effective config (defaults, file and flags merged) as JSON, and nothing run; else the
+    stage's run, its result printed with --json."""
+    if print_config:
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        return None
+    result = stage.run(cfg)
+    emit(result, json_output)
+    return result
+
+
 def exit_if_stopped(result: dict) -> None:
     """A run ended by Ctrl-C or SIGTERM exits 130 or 143 after its checkpoint, so a script never counts it done."""
     if result.get("signal"):
-        step, run_dir = result.get("step", result.get("steps")), result.get("run", result.get("run_dir"))
+        step, run_dir = result["step"], result["run"]
         print(f"{result['stopped']} at step {step}: checkpoint saved; continue with --resume {run_dir}",
               file=sys.stderr)
         raise typer.Exit(EXIT_CODES[result["signal"]])
@@ -115,7 +127,7 @@ def plot(ctx: typer.Context,
 ModelOpt = Annotated[str, typer.Option("--model", help="Model spec: builtin:gemma-3-270m, builtin:tiny-random, HF id or folder.")]
 AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder to load (its recorded prompt and reply format apply) (default: none, the base model).")]
 DecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: the decoding the adapter records it was trained for, else grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
-TrainDecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: the config's rl.decode, grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the model's; float32 on CPU).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply (default: what the reply format needs: 16 without a think block, 256 with one).")]
 
 
@@ -131,10 +143,10 @@ def eval_command(config: ConfigOpt = None,
                  max_tokens: MaxTokensOpt = None,
                  out: Annotated[Optional[Path], typer.Option("--out", help="Write the eval JSON here (default: print only).")] = None,
                  no_baselines: Annotated[bool, typer.Option("--no-baselines", help="Skip solver/base-model baselines.")] = False,
-                 decode: DecodeOpt = None,
+                 decode: DecodeOpt = None, dtype: DtypeOpt = None,
                  timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds for the whole eval (default: no limit).")] = None,
                  no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
-                 json_output: JsonFlag = False) -> None:
+                 print_config: PrintConfig = False, json_output: JsonFlag = False) -> None:
     """Play held-out words with a model; win rate, errors and throughput vs the solver (and base model)."""
     from .stages import evaluate as stage
     cfg = load_config(config, stage.EvalConfig, {
@@ -142,10 +154,10 @@ def eval_command(config: ConfigOpt = None,
         "model": model, "adapter": str(Path(adapter).resolve()) if adapter else None, "games": games,
         "split": split, "history": history, "seed": seed,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
-        "rollout.decode": decode,
+        "rollout.decode": decode, "dtype": dtype,
         "out": str(out.resolve()) if out else None, "baselines": False if no_baselines else None,
         "timeout": timeout, "progress": False if no_progress else None, "json_output": json_output})
-    emit(stage.run(cfg), json_output)
+    run_stage(stage, cfg, print_config, json_output)
 
 
 @app.command()
@@ -155,51 +167,62 @@ def play(model: ModelOpt = "builtin:gemma-3-270m", adapter: AdapterOpt = None,
          human: Annotated[bool, typer.Option("--human", help="You play; type ? for model and solver hints.")] = False,
          temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature; 0 = greedy.")] = 0.0,
          max_tokens: MaxTokensOpt = None,
-         decode: DecodeOpt = None,
+         decode: DecodeOpt = None, dtype: DtypeOpt = None,
          json_output: JsonFlag = False) -> None:
     """Watch a model play one game (reasoning and tiles), or play yourself with --human."""
     from .stages import play as stage
     cfg = load_config(None, stage.PlayConfig, {
         "model": model, "adapter": adapter, "secret": secret, "seed": seed, "human": human,
         "rollout.temperature": temperature, "rollout.max_tokens_per_turn": max_tokens,
-        "rollout.decode": decode})
+        "rollout.decode": decode, "dtype": dtype})
     emit(stage.run(cfg), json_output)
 
 
-RunName = Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under logs_dir (overrides run_name).")]
-Steps = Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides the config's).")]
+ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")]
+RunName = Annotated[Optional[str], typer.Option("--run-name", help="Run folder name under run.logs_dir (overrides run.name).")]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="Total steps (overrides run.steps).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Run seed: data order or prompts, LoRA init, dropout, sampling (overrides run.seed).")]
+SaveEvery = Annotated[Optional[int], typer.Option("--save-every", help="Checkpoint every N steps (overrides run.save_every).")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run folder of the same name.")]
-StartAdapter = Annotated[Optional[Path], typer.Option("--start-adapter", help="Start from this adapter folder's LoRA weights (overrides the config's start_adapter).")]
+StartAdapter = Annotated[Optional[Path], typer.Option("--adapter", help="Start from this adapter folder (overrides model.adapter).")]
+TrainModel = Annotated[Optional[str], typer.Option("--model", help="Base model spec (overrides model.name).")]
+TrainDecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (overrides decode): the decoding policy the run trains.")]
+ReportTo = Annotated[Optional[str], typer.Option("--report-to", help="Also send the metrics to tensorboard and/or wandb, comma-separated (overrides run.report_to).")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
-TrainModel = Annotated[Optional[str], typer.Option("--model", help="Base model spec (overrides the config's) (default: builtin:gemma-3-270m).")]
-SFT_ADAPTER = Path("logs/sft/adapters")      # where `wordle-mlx sft` with no config writes its adapter
+
+
+def training_config(model_cls, config, resume, run_name, steps, seed, save_every, overwrite, adapter, model, dtype,
+                    decode, max_tokens, report_to, no_progress):
+    """The config of `sft` or `train`: --config (or the resumed run's config.json), then the flags on top."""
+    source = config if config is not None or resume is None else resume / "config.json"
+    return load_config(source, model_cls, {
+        "run.name": run_name, "run.steps": steps, "run.seed": seed, "run.save_every": save_every,
+        "run.resume": str(resume) if resume else None, "run.overwrite": overwrite or None,
+        "run.report_to": report_to, "run.progress": False if no_progress else None,
+        "model.adapter": str(adapter.resolve()) if adapter else None, "model.name": model, "model.dtype": dtype,
+        "decode": decode, "max_tokens": max_tokens})
+
+
+def run_training(stage, cfg, print_config: bool, json_output: bool) -> None:
+    result = run_stage(stage, cfg, print_config, json_output)
+    if result is not None:
+        exit_if_stopped(result)
 
 
 @app.command()
-def train(config: ConfigOpt = None,
-          resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
-          steps: Steps = None, run_name: RunName = None, start_adapter: StartAdapter = None,
-          model: TrainModel = None, decode: TrainDecodeOpt = None, overwrite: Overwrite = False,
-          no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+def train(config: ConfigOpt = None, resume: ResumeOpt = None, steps: Steps = None, run_name: RunName = None,
+          seed: SeedOpt = None, save_every: SaveEvery = None, adapter: StartAdapter = None, model: TrainModel = None,
+          dtype: DtypeOpt = None, decode: TrainDecodeOpt = None, max_tokens: MaxTokensOpt = None,
+          report_to: ReportTo = None, overwrite: Overwrite = False, no_progress: NoProgress = False,
+          print_config: PrintConfig = False, json_output: JsonFlag = False) -> None:
     """GRPO: play games every step and update a LoRA adapter (metrics, checkpoints, adapters in logs/<run>).
 
-    With no --config, the defaults are the 270M recipe's last GRPO stage, starting from logs/sft/adapters (what
-    `wordle-mlx sft` writes with no config) unless --start-adapter says otherwise."""
+    With no --config, the defaults are the 270M recipe's GRPO stage, starting from logs/sft/adapters (what
+    `wordle-mlx sft` writes with no config)."""
     from .stages import grpo as stage
-    source = config if config is not None or resume is None else resume / "config.json"
-    if source is None and start_adapter is None:
-        if not SFT_ADAPTER.is_dir():
-            raise UserError(f"train: no --config and no {SFT_ADAPTER} (run `wordle-mlx sft` first, or pass "
-                            "--start-adapter DIR or --config FILE)")
-        start_adapter = SFT_ADAPTER
-    cfg = load_config(source, stage.GRPOConfig, {
-        "training.steps": steps, "run_name": run_name, "model.name": model, "rl.decode": decode,
-        "model.start_adapter": str(start_adapter.resolve()) if start_adapter else None,
-        "resume": str(resume) if resume else None, "overwrite": overwrite or None,
-        "progress": False if no_progress else None})
-    result = stage.run(cfg)
-    emit(result, json_output)
-    exit_if_stopped(result)
+    cfg = training_config(stage.GRPOConfig, config, resume, run_name, steps, seed, save_every, overwrite, adapter,
+                          model, dtype, decode, max_tokens, report_to, no_progress)
+    run_training(stage, cfg, print_config, json_output)
 
 
 data_app = typer.Typer(cls=_Commands, help="Make SFT data: solver data (no subcommand), self-play or answer coverage.")
@@ -213,13 +236,13 @@ def data_command(ctx: typer.Context, config: ConfigOpt = None, out: Out = None,
                  train_examples: Annotated[Optional[int], typer.Option("--train-examples", help="Seeded train examples (default: 10000).")] = None,
                  valid_examples: Annotated[Optional[int], typer.Option("--valid-examples", help="Seeded valid examples (default: 300).")] = None,
                  tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Model spec whose tokenizer counts target tokens (default: characters / 4).")] = None,
-                 no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+                 no_progress: NoProgress = False, print_config: PrintConfig = False, json_output: JsonFlag = False) -> None:
     """Synthetic SFT data (no subcommand): history-seeded boards, the solver as teacher, replay-checked; writes
     data/sft by default. Subcommands make data from a trained adapter's own play (their options go after them)."""
     if ctx.invoked_subcommand is not None:      # `data`'s own options would be ignored by a subcommand: refused
         given = {"--config": config, "--out": out, "--seed": seed, "--train-examples": train_examples,
                  "--valid-examples": valid_examples, "--tokenizer": tokenizer, "--no-progress": no_progress or None,
-                 "--json": json_output or None}
+                 "--json": json_output or None, "--print-config": print_config or None}
         flag = next((f for f, value in given.items() if value is not None), None)
         if flag is not None:
             sub = ctx.invoked_subcommand
@@ -232,7 +255,7 @@ def data_command(ctx: typer.Context, config: ConfigOpt = None, out: Out = None,
     cfg = load_config(config, stage.DataConfig, {
         "out": str(out.resolve()) if out else None, "seed": seed, "train_examples": train_examples,
         "valid_examples": valid_examples, "tokenizer": tokenizer, "progress": False if no_progress else None})
-    emit(stage.run(cfg), json_output)
+    run_stage(stage, cfg, print_config, json_output)
 
 
 @data_app.command(name="self-play")
@@ -240,14 +263,14 @@ def self_play(config: ConfigOpt = None,
               adapter: Annotated[Optional[Path], typer.Option("--adapter", help="LoRA adapter whose choices label the boards (overrides adapter).")] = None,
               out: Out = None,
               train_games: Annotated[Optional[int], typer.Option("--train-games", help="Train secrets played (default: all).")] = None,
-              no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+              no_progress: NoProgress = False, print_config: PrintConfig = False, json_output: JsonFlag = False) -> None:
     """SFT data from self-play where each board's label is the fitting answer the model scores highest
     (writes data/self-play by default)."""
     from .stages import choice as stage
     cfg = load_config(config, stage.ChoiceConfig, {
         "adapter": str(adapter.resolve()) if adapter else None, "out": str(out.resolve()) if out else None,
         "train_games": train_games, "progress": False if no_progress else None})
-    emit(stage.run(cfg), json_output)
+    run_stage(stage, cfg, print_config, json_output)
 
 
 @data_app.command(name="cover")
@@ -256,35 +279,27 @@ def cover(config: ConfigOpt = None,
           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (overrides out) (default: data/cover).")] = None,
           max_candidates: Annotated[Optional[int], typer.Option("--max-candidates", help="Only boards where at most this many answers fit (default: 5).")] = None,
           copies: Annotated[Optional[int], typer.Option("--copies", help="Times each coverage example appears (default: 4).")] = None,
-          no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+          no_progress: NoProgress = False, print_config: PrintConfig = False, json_output: JsonFlag = False) -> None:
     """Add answer-coverage examples to an SFT data folder: every answer as a fitting guess on train boards."""
     from .stages import cover as stage
     cfg = load_config(config, stage.CoverConfig, {
         "data": str(data.resolve()) if data else None, "out": str(out.resolve()) if out else None,
         "max_candidates": max_candidates, "copies": copies,
         "progress": False if no_progress else None})
-    emit(stage.run(cfg), json_output)
+    run_stage(stage, cfg, print_config, json_output)
 
 
 @app.command()
-def sft(config: ConfigOpt = None,
-        resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue logs/<run> from its latest checkpoint (uses its config.json unless --config is given).")] = None,
-        run_name: RunName = None, overwrite: Overwrite = False, steps: Steps = None,
-        seed: Annotated[Optional[int], typer.Option("--seed", help="Shuffle and dropout seed (overrides seed).")] = None,
-        start_adapter: StartAdapter = None, model: TrainModel = None,
-        save_every: Annotated[Optional[int], typer.Option("--save-every", help="Checkpoint every N steps (overrides save_every).")] = None,
-        no_progress: NoProgress = False, json_output: JsonFlag = False) -> None:
+def sft(config: ConfigOpt = None, resume: ResumeOpt = None, steps: Steps = None, run_name: RunName = None,
+        seed: SeedOpt = None, save_every: SaveEvery = None, adapter: StartAdapter = None, model: TrainModel = None,
+        dtype: DtypeOpt = None, decode: TrainDecodeOpt = None, max_tokens: MaxTokensOpt = None,
+        report_to: ReportTo = None, overwrite: Overwrite = False, no_progress: NoProgress = False,
+        print_config: PrintConfig = False, json_output: JsonFlag = False) -> None:
     """LoRA supervised fine-tuning on `wordle-mlx data` output (data/sft by default); run folder logs/<run>."""
     from .stages import sft as stage
-    source = config if config is not None or resume is None else resume / "config.json"
-    cfg = load_config(source, stage.SFTConfig, {
-        "run_name": run_name, "steps": steps, "seed": seed, "save_every": save_every, "model": model,
-        "start_adapter": str(start_adapter.resolve()) if start_adapter else None,
-        "resume": str(resume) if resume else None, "overwrite": overwrite or None,
-        "progress": False if no_progress else None})
-    result = stage.run(cfg)
-    emit(result, json_output)
-    exit_if_stopped(result)
+    cfg = training_config(stage.SFTConfig, config, resume, run_name, steps, seed, save_every, overwrite, adapter,
+                          model, dtype, decode, max_tokens, report_to, no_progress)
+    run_training(stage, cfg, print_config, json_output)
 
 
 @app.command()

@@ -30,9 +30,10 @@ MODEL_SPEC_HELP = ("Model spec (see llm/model/models.py): builtin:NAME, a Hub id
 
 
 class StrictModel(BaseModel):
-    """A config section: unknown fields are refused. `RENAMED` maps a field's old name to where it lives now (a
-    dotted path from the top of the config) and `REMOVED` a removed field to the reason; a config that still uses
-    one gets a one-line error naming the new place or the reason, instead of "unknown field"."""
+    """A config section: unknown fields are refused. `RENAMED` maps an old field (a dotted path from this section)
+    to where it lives now (a dotted path from the top of the config) and `REMOVED` a removed field to the reason;
+    a config that still uses one gets a one-line error naming the new place or the reason, not "unknown field".
+    A field that is also today's section name (e.g. `model`) is old only when it is not a section."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
     RENAMED: ClassVar[dict[str, str]] = {}
     REMOVED: ClassVar[dict[str, str]] = {}
@@ -44,25 +45,23 @@ class StrictModel(BaseModel):
     def _old_names(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for old, new in cls.RENAMED.items():
-                if old in data:
+                if _old_field(data, old, cls.model_fields):
                     raise ValueError(f"{old} is now {new}")
             for old, why in cls.REMOVED.items():
-                if old in data:
+                if _old_field(data, old, cls.model_fields):
                     raise ValueError(f"{old} was removed: {why}")
         return data
 
 
-class LoraConfig(StrictModel):
-    """The `lora` section of `sft` and `train`: the layout of fresh LoRA layers (mlx-lm's). With a start adapter
-    the adapter's own rank, scale, layers and keys apply; dropout and train_layers still do."""
-    rank: int = Field(16, ge=1, description="LoRA rank r.")
-    scale: float = Field(20.0, gt=0, description="mlx-lm's LoRA scale (the update is scale * B A x).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input while training.")
-    num_layers: int = Field(-1, ge=-1, description="Adapt the last N blocks; -1 = all.")
-    keys: list[str] | None = Field(None, description="Module names inside a block, e.g. self_attn.q_proj; "
-                                   "None = all linears.")
-    train_layers: int | None = Field(None, ge=1, description="With start_adapter: only the LoRA weights of the last "
-                                     "N blocks train, the others keep the adapter's values (None: all train).")
+def _old_field(data: dict, dotted: str, fields) -> bool:
+    """True when `data` holds the old field `dotted`; not when it is one of today's `fields` holding a section (a
+    dict), as `model` does in the training configs."""
+    node: Any = data
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return "." in dotted or dotted not in fields or not isinstance(node, dict)
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -74,13 +73,15 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     """One line: `source: field.path: message (got value)`, plus a count of further errors."""
     errors = err.errors()
     first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # models / dataclass sections
         msg = "unknown field"
-    got = f" (got {_short(first['input'])})" if "input" in first and first["type"] != "missing" else ""
     more = f" [and {len(errors) - 1} more error(s)]" if len(errors) > 1 else ""
-    return f"{source}: {loc}: {msg}{got}{more}"
+    if not loc and isinstance(first.get("input"), dict):   # a check of the whole config names its own fields
+        return f"{source}: {msg}{more}"
+    got = f" (got {_short(first['input'])})" if "input" in first and first["type"] != "missing" else ""
+    return f"{source}: {loc or '(top level)'}: {msg}{got}{more}"
 
 
 def set_dotted(data: dict, dotted: str, value: Any) -> None:

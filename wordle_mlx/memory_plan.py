@@ -201,7 +201,6 @@ class SFTNumbers:
     num_layers: int
     keys: tuple | None
     grad_checkpoint: bool
-    grad_accumulation: int = 1
     shared_prefix: int = 0           # tokens every example starts with, run once per batch (share_prefix)
     train_layers: int | None = None  # only the last few blocks' LoRA trains
     grammar_loss: bool = False       # the loss is over the 5 letters' 26 rows
@@ -212,7 +211,7 @@ def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
     blocks = trained_blocks(d, n.num_layers, n.train_layers)
     trained = lora * blocks // max(lora_blocks(d, n.num_layers), 1)
-    gradients = 2 if n.grad_accumulation > 1 else 1
+    gradients = 1
     row = round_up(n.row_length - n.shared_prefix, n.pad_to)       # each example's own part, padded
     tokens = n.batch_size * row + n.shared_prefix
     positions = n.batch_size * 5 if n.grammar_loss else round_up(n.batch_size * n.reply_tokens, n.pad_to)
@@ -242,7 +241,7 @@ def logit_note(d: ModelDims, positions: int, letters_only: bool) -> str:
 @dataclass(frozen=True)
 class GRPONumbers:
     batch_prompts: int
-    generations: int                 # replies (turn mode) or games (episode mode) per prompt, greedy member included
+    generations: int                 # replies decoded per board: G samples and the greedy one
     prompt_tokens: int
     reply_tokens: int                # max_completion_tokens
     completion_batch_size: int
@@ -253,7 +252,7 @@ class GRPONumbers:
     keys: tuple | None
     optimizer_states: int            # 2 AdamW, 1 SGD (mlx's SGD keeps a velocity per weight, momentum or not)
     grad_checkpoint: bool = False
-    share_prompts: bool = False      # turn mode: a group's replies go through one pass after their one prompt
+    share_prompts: bool = False      # a group's replies go through one pass after their one prompt
     decode: str = "free"             # free: mlx-lm's BatchGenerator; grammar / words: the letter decoder
     train_layers: int | None = None  # only the last few blocks' LoRA trains
 
@@ -273,7 +272,7 @@ def grpo_rollout_bytes(d: ModelDims, n: GRPONumbers) -> dict[str, int]:
 def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
     """Rollout: each prompt's own prefilled cache and the shared prefix's, the decoding batch's cache of
     min(B x G, completion_batch_size) rows (see the module docstring) and one step's
-    sampling logits per row. Update: one micro-batch; with shared prompts (turn mode) a pass is one prompt and
+    sampling logits per row. Update: one micro-batch; with shared prompts a pass is one prompt and
     its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt + reply up to
     max_tokens_per_microbatch."""
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)

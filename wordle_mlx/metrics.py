@@ -9,6 +9,7 @@ Record kinds used across the project (field `kind`):
 - `train`: one GRPO step (rewards per component, rates, timings, `games` outcomes).
 - `valid`: a validation pass (win rate and every game's secret, guesses, won).
 - `sft`: one SFT step (loss, lr, tokens/s); `sft_valid`: validation loss / quick game eval.
+With `report_to` the writer also forwards each record to TensorBoard or wandb (`wordle_mlx/reporting.py`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import UserError
+from .fileio import atomic_path
+from .reporting import make_reporters
 
 
 def _clean(value: Any) -> Any:
@@ -37,26 +40,47 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Append records to a JSONL file, one flushed line each."""
+    """Append records to a JSONL file, one flushed line each; `report_to` also forwards them (see reporting.py).
 
-    def __init__(self, path: str | Path):
+    `report_to` is a tuple of names from `reporting.REPORT_TO_CHOICES` or a comma-separated string (empty: JSONL
+    only); TensorBoard and wandb files go to the JSONL file's folder; `run_name` (default: that folder's name)
+    names the wandb run.
+    """
+
+    def __init__(self, path: str | Path, report_to: Iterable[str] | str = (), run_name: str | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8")
+        self._reporters: list = []
+        if report_to:
+            try:
+                self._reporters = make_reporters(report_to, self.path.parent, run_name or self.path.parent.name)
+            except BaseException:
+                self._fh.close()
+                raise
 
     def write(self, record: dict) -> None:
+        clean = _clean(record)
         try:
-            self._fh.write(json.dumps(_clean(record), allow_nan=False) + "\n")
+            self._fh.write(json.dumps(clean, allow_nan=False) + "\n")
             self._fh.flush()
             os.fsync(self._fh.fileno())
         except OSError as exc:
             raise UserError(f"{self.path}: cannot write metrics: {exc.strerror or exc} (disk full?)") from None
+        for reporter in self._reporters:
+            reporter.write(clean)
 
     def close(self) -> None:
         try:
             self._fh.close()
         except OSError:       # a failed write was already reported; the buffer cannot be flushed either
             pass
+        reporters, self._reporters = self._reporters, []
+        for reporter in reporters:
+            try:
+                reporter.close()
+            except OSError:
+                pass
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -115,7 +139,6 @@ def truncate_after_step(path: str | Path, step: int) -> int:
     Called on resume, before the resumed run appends, so the file never holds a step twice. `run`
     records and records without a step are kept; a truncated last line is dropped. Atomic rewrite.
     """
-    from .fileio import atomic_path
 
     path = Path(path)
     if not path.exists():

@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .llm.play.generation import Completion
+from .llm.play.reply_grammar import LETTERS
+
 RECIPE_4B = Path(__file__).resolve().parent.parent / "config" / "gemma3-4b"
 WORDS = ("crane", "sloth", "pudgy", "fizzy", "mount", "wreck")   # allowed guesses, tried in this order
 
@@ -33,9 +36,6 @@ def recipe_config(name: str, **changes) -> dict:
 def first_reply_a_word(base):
     """A subclass of the sampler `base` whose first reply to each distinct prompt is a well-formed guess:
     `<guess> c r a n e</guess>`, or the next of WORDS not already on that board."""
-    from .llm.play.generation import Completion
-    from .llm.play.reply_grammar import LETTERS
-
     class FirstReplyAWord(base):
         def __call__(self, prompts, cfg, *args, excluded=None, **kwargs):
             out = super().__call__(prompts, cfg, *args, excluded=excluded, **kwargs)

@@ -1,7 +1,7 @@
 """Answer coverage: for every answer word, the boards on which it is a fitting guess but not the secret.
 
-A small model loses held-out games by failing to *spell* the last candidate: it ends on non-words with exactly one
-answer left (the secret); the words taught this way are then won more often (docs/RESULTS.md, "Coverage labels"). A
+A small model can lose held-out games by failing to *spell* the last candidate: it ends on non-words with exactly one
+answer left (the secret); teaching it every answer as a guess targets that (docs/RESULTS.md, "Coverage labels"). A
 board of a train secret often leaves other answers that fit every clue; guessing one of them is a good hard-mode
 move. This module picks, for each word, the board (of a given set, e.g. an SFT data folder's) with the fewest
 fitting answers on which the word fits, is not the secret and was not guessed yet. Words are all treated alike, so

@@ -3,19 +3,16 @@
 Every component is computed from the board (the guesses and feedback before a reply), the parsed guess
 and the kind of reply (`ReplyKind`: well-formed valid word, well-formed word not in the list, or a
 format error); nothing here reads the text shown to the model. Components and their values:
-`win` 1 if the game (or, in turn mode, this guess) is won; `early` (max_guesses - n) / (max_guesses - 1)
+`win` 1 if this guess wins; `early` (max_guesses - n) / (max_guesses - 1)
 for a win in n board guesses; `format` +1 well-formed reply, -1 format error; `valid` 1 for a played
 allowed word; `consistent` 1 if the played word fits all feedback so far; `info_gain` bits of the
 guess's feedback distribution over the remaining candidates divided by log2(#candidates); `repeat` -1 for
 a word already on the board; `length` -(completion tokens / max completion tokens). A reward is the
 weighted sum of the values. `RewardWeights` refuses weights that would break the invariants the trainer
 relies on: a format failure is a turn's worst outcome, an invalid or repeated word never scores above a
-valid new one, and (`check(mode=...)`) the invariant of the training mode's groups. In `episode` mode a group
-compares whole games, so a game won in fewer guesses must never score below one won in more: `early` must
-outweigh the spread of the turn components. In `turn` mode a group compares replies to one board, which all
-win (if they win) at the same guess count, so only a winning reply must outscore every other reply
-(`win` > `info_gain` + `length`), and `early` may be small. Any inconsistent input or non-finite value raises;
-nothing is silently scored 0.
+valid new one, and a winning reply outscores every other reply to its board (GRPO's group: the replies to one
+board, which all win, if they win, at the same guess count, so `early` may be small). Any inconsistent input
+or non-finite value raises; nothing is silently scored 0.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from .knowledge import is_consistent
 from .state import MAX_GUESSES
 
 GAME_COMPONENTS = ("win", "early")
-MODES = ("episode", "turn")
 TURN_COMPONENTS = ("format", "valid", "consistent", "info_gain", "repeat", "length")
 COMPONENTS = GAME_COMPONENTS + TURN_COMPONENTS
 
@@ -58,12 +54,12 @@ class RewardWeights:
     length: float = 0.0
 
     @classmethod
-    def from_dict(cls, weights: dict, max_guesses: int = MAX_GUESSES, mode: str = "episode") -> "RewardWeights":
+    def from_dict(cls, weights: dict) -> "RewardWeights":
         unknown = sorted(set(weights) - set(COMPONENTS))
         if unknown:
             raise ValueError(f"unknown reward component {unknown[0]!r}; known: {', '.join(COMPONENTS)}")
         out = cls(**{k: float(v) for k, v in weights.items()})
-        out.check(max_guesses, mode)
+        out.check()
         return out
 
     def __post_init__(self) -> None:
@@ -78,34 +74,18 @@ class RewardWeights:
     def as_dict(self) -> dict[str, float]:
         return {name: float(getattr(self, name)) for name in COMPONENTS}
 
-    def turn_range(self) -> tuple[float, float]:
-        """Lowest and highest weighted sum of the turn components."""
-        return (-self.format - self.length, self.format + self.valid + self.consistent + self.info_gain)
-
-    def check(self, max_guesses: int = MAX_GUESSES, mode: str = "episode") -> None:
-        """Raise ValueError if these weights could break one of the reward invariants of `mode`'s groups."""
-        if mode not in MODES:
-            raise ValueError(f"unknown training mode {mode!r}; use one of {', '.join(MODES)}")
+    def check(self) -> None:
+        """Raise ValueError if these weights could break a reward invariant of GRPO's groups: the replies to one
+        board. Every winning reply wins at the same guess count, so `early` is equal among them; a winner must
+        still beat the best non-winning reply (full info_gain, no length cost)."""
         self.check_turn_invariants()
-        if mode == "turn":
-            # one board per group: every winning reply wins at the same guess count, so `early` is equal among
-            # them; a winner must still beat the best non-winning reply (full info_gain, no length cost)
-            if not self.win > self.info_gain + self.length:
-                raise ValueError(f"reward weight win ({self.win}) must be > info_gain + length "
-                                 f"({self.info_gain} + {self.length}), or a winning reply could score below a "
-                                 "reply that does not win")
-            return
-        low, high = self.turn_range()
-        step = self.early / max(1, max_guesses - 1)
-        if step < (high - low) - 1e-12:
-            raise ValueError(f"reward weight early ({self.early}) is too small: one guess fewer is worth "
-                             f"early/{max(1, max_guesses - 1)} = {step:.4g}, less than the spread of the turn "
-                             f"rewards ({high - low:.4g}); raise early to >= {(high - low) * max(1, max_guesses - 1):.4g} "
-                             "or lower format/valid/consistent/info_gain/length (or train in turn mode, where a "
-                             "group is one board)")
+        if not self.win > self.info_gain + self.length:
+            raise ValueError(f"reward weight win ({self.win}) must be > info_gain + length "
+                             f"({self.info_gain} + {self.length}), or a winning reply could score below a "
+                             "reply that does not win")
 
     def check_turn_invariants(self) -> None:
-        """The invariants of a single reply, whatever the mode: format failures worst, non-words never above words."""
+        """The invariants of a single reply: format failures worst, non-words never above words."""
         if self.win <= 0:
             raise ValueError(f"reward weight win must be > 0, got {self.win}")
         if self.format <= 0:
@@ -150,9 +130,8 @@ class TurnFacts:
 class Rewards:
     """Scores turns and games against a candidate universe (the answer list)."""
 
-    def __init__(self, weights: RewardWeights, answers: Sequence[str], max_guesses: int = MAX_GUESSES,
-                 mode: str = "episode"):
-        weights.check(max_guesses, mode)
+    def __init__(self, weights: RewardWeights, answers: Sequence[str], max_guesses: int = MAX_GUESSES):
+        weights.check()
         self.weights = weights
         self.max_guesses = max_guesses
         self.answers = tuple(answers)
@@ -216,19 +195,11 @@ class Rewards:
                 "repeat": self.repeat_value(t), "length": self.length_value(t)}
 
     def turn_mode_values(self, t: TurnFacts) -> dict[str, float]:
-        """Turn mode: the per-turn components plus win/early when this very guess wins."""
+        """The per-turn components plus win/early when this very guess wins (a GRPO group's reply)."""
         values = self.turn_values(t)
         won = t.kind is ReplyKind.VALID and t.guess == t.secret
         values["win"] = 1.0 if won else 0.0
         values["early"] = self.early_value(won, len(t.history) + 1)
-        return values
-
-    def game_values(self, turns: Sequence[TurnFacts], won: bool, guesses: int) -> dict[str, float]:
-        """Episode mode: win and early for the game, and the mean of each turn component over its replies."""
-        values = {"win": 1.0 if won else 0.0, "early": self.early_value(won, guesses)}
-        per_turn = [self.turn_values(t) for t in turns]
-        for name in TURN_COMPONENTS:
-            values[name] = float(np.mean([v[name] for v in per_turn])) if per_turn else 0.0
         return values
 
     def total(self, values: dict[str, float]) -> float:

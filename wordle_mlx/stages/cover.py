@@ -1,16 +1,15 @@
 """`wordle-mlx data cover`: add answer-coverage examples to an SFT data folder, so the model learns to name
 every answer.
 
-A 270M model that has narrowed a held-out game to one answer often cannot spell it (most of one run's losses
-ended on non-words with only the secret left), while words that some training board used as a label it
-spells. This stage reads a bare-guess SFT data folder (`data self-play` or `data` output with context
-`summary`), takes the boards of its train records, and for every answer word adds one example (`copies` times)
-on the board where that word fits the clues with the fewest other answers, as a guess that is not the secret
-(`game/coverage.py`), optionally only on boards with at most `max_candidates` fitting answers. Every answer is
-treated alike; the secrets stay the folder's train secrets, so no test word is ever a secret. The train records
-and the new ones are shuffled together; valid records are copied as they are. Everything passes `data`'s replay
-check before the folder is written (atomically). What it changes in held-out play: docs/RESULTS.md ("Coverage
-labels").
+A 270M model that has narrowed a held-out game to one answer may not be able to spell it (it ends on a non-word
+with only the secret left), while words that some training board used as a label it spells. This stage reads a
+bare-guess SFT data folder (`data self-play` or `data` output with context `summary`), takes the boards of its
+train records, and for every answer word adds one example (`copies` times) on the board where that word fits the
+clues with the fewest other answers, as a guess that is not the secret (`game/coverage.py`), optionally only on
+boards with at most `max_candidates` fitting answers. Every answer is treated alike; the secrets stay the folder's
+train secrets, so no test word is ever a secret. The train records and the new ones are shuffled together; valid
+records are copied as they are. Everything passes `data`'s replay check before the folder is written (atomically).
+What it changes in held-out play: docs/RESULTS.md ("Coverage labels").
 """
 
 from __future__ import annotations
@@ -43,8 +42,8 @@ class CoverConfig(StrictModel):
     copies: int = Field(4, ge=1, le=16, description="Times each coverage example appears (as self-play repeats "
                         "its busy boards); a board's tight spots are few, so this is how a word is said more often.")
     max_candidates: int | None = Field(5, ge=2, description=(
-        "Only boards on which at most this many answers fit (None: any board, down to the empty one). Labels on "
-        "broad boards taught odd early guesses and raised non-words (docs/RESULTS.md)."))
+        "Only boards on which at most this many answers fit (None: any board, down to the empty one); labels on "
+        "broad boards teach early guesses too."))
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Shuffle of the merged train records.")
     progress: bool = Field(True, description="Show progress.")
     REMOVED: ClassVar[dict[str, str]] = {"per_word": "one board per answer word; copies repeats it"}

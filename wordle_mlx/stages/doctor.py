@@ -13,6 +13,7 @@ import platform
 import time
 from importlib import metadata
 
+import mlx.core as mx
 import numpy as np
 
 from ..blas import describe_blas
@@ -37,8 +38,6 @@ def _best_seconds(fn, repeats: int) -> float:
 
 
 def matmul_gflops(size: int, repeats: int) -> tuple[float, float]:
-    import mlx.core as mx
-
     flops = 2.0 * size ** 3
     a_np = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
     b_np = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
@@ -57,8 +56,6 @@ def _version(dist: str) -> str | None:
 
 
 def run(cfg: DoctorConfig) -> dict:
-    import mlx.core as mx
-
     mlx_gflops, numpy_gflops = matmul_gflops(cfg.size, cfg.repeats)
     result = {
         "platform": f"{platform.system()} {platform.machine()}",

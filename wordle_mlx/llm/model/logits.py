@@ -9,12 +9,16 @@ head is the tied embedding `embed_tokens.as_linear` or `lm_head`; these models h
 soft-capping. Any other model falls back to full logits followed by the same gather, so results are
 identical either way. Running the blocks ourselves lets a shared prompt's keys and values be passed to each
 block as plain inputs (`shared_prefix_logits`), which keeps gradient checkpointing (`set_grad_checkpoint`)
-exact with prefix sharing.
+exact with prefix sharing. Grammar decoding projects onto its 26 letter tokens only (`head_rows`, their rows of
+the projection), and `choice_logprobs` renormalises those logits over the letters a position allows.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.tuner.trainer import grad_checkpoint
 
 SPLIT_HEAD_TYPES = ("gemma3_text",)
 
@@ -30,12 +34,23 @@ def has_split_head(model) -> bool:
     return getattr(lm, "model_type", None) in SPLIT_HEAD_TYPES and hasattr(getattr(lm, "model", None), "embed_tokens")
 
 
+def head_rows(model, token_ids: mx.array) -> mx.array:
+    """(K, hidden) rows of the output projection for `token_ids`: the tied embedding's rows (dequantized when it
+    is quantized), or the untied head's."""
+    lm = text_model(model)
+    if getattr(lm, "tie_word_embeddings", False) or not hasattr(lm, "lm_head"):
+        return lm.model.embed_tokens(token_ids)
+    head = lm.lm_head
+    if isinstance(head, nn.QuantizedLinear):
+        return mx.dequantize(head.weight[token_ids], head.scales[token_ids], head.biases[token_ids],
+                             head.group_size, head.bits)
+    return head.weight[token_ids]
+
+
 def project(model, hidden: mx.array, token_ids: mx.array | None = None) -> mx.array:
     """Output projection of final hidden states onto the vocabulary, or onto `token_ids` only (their rows of the
     projection: grammar decoding's letters)."""
     if token_ids is not None:
-        from ..play.reply_grammar import head_rows
-
         return hidden @ head_rows(model, token_ids).T
     lm = text_model(model)
     if getattr(lm, "tie_word_embeddings", False) or not hasattr(lm, "lm_head"):
@@ -68,6 +83,17 @@ def hidden_at(model, inputs: mx.array, positions: mx.array, prefix: mx.array | N
     return hidden.reshape(-1, hidden.shape[-1])[positions]
 
 
+def choice_logprobs(logits: mx.array, index: mx.array, allowed: mx.array | None, temperature: float) -> mx.array:
+    """log_softmax(logits / T) over the allowed tokens, at `index` (logits (M, K) over the choice tokens,
+    index (M,), allowed (M, K) bool or None = all), in float32: grammar decoding's policy, for training."""
+    scaled = logits.astype(mx.float32)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    if allowed is not None:
+        scaled = mx.where(allowed, scaled, -mx.inf)
+    return mx.take_along_axis(scaled, index[:, None], axis=-1)[:, 0] - mx.logsumexp(scaled, axis=-1)
+
+
 def full_logits_at(model, inputs: mx.array, positions: mx.array) -> mx.array:
     """Reference path: full (B, L, vocab) logits, then the same gather (for tests and benchmarks)."""
     logits = model(inputs)
@@ -98,8 +124,6 @@ class _BlockKV:
 def _attention_mask(n: int, offset: int, window_size: int | None):
     """The causal mask of `n` new positions after `offset` earlier ones (mlx-lm's "causal" shortcut when it
     means the same), limited to `window_size` positions back for sliding-window layers."""
-    from mlx_lm.models.base import create_causal_mask
-
     if offset == 0 and (window_size is None or n <= window_size):
         return "causal"
     return create_causal_mask(n, offset, window_size=window_size)
@@ -114,8 +138,6 @@ def set_grad_checkpoint(model, on: bool = True) -> None:
     if has_split_head(model):
         text_model(model).model.wordle_grad_checkpoint = bool(on)
     elif on:
-        from mlx_lm.tuner.trainer import grad_checkpoint
-
         grad_checkpoint(model.layers[0])
 
 
@@ -143,8 +165,6 @@ def _with_dropout_key(layer, key: mx.array, fn, *args):
     """`fn(*args)` with every dropout inside `layer` drawing its mask from `key` (split per dropout), so the
     recomputation gradient checkpointing makes in the backward pass draws the forward pass's masks (with the
     global random state, it would draw new ones and the gradient would belong to another mask)."""
-    import mlx.nn as nn
-
     owners = [m for _, m in layer.named_modules() if isinstance(m.get("dropout"), nn.Dropout)]
     saved = [m.dropout for m in owners]
     for m, k in zip(owners, mx.random.split(key, max(len(owners), 1))):
@@ -161,8 +181,6 @@ def body_hidden(model, inputs: mx.array, prefix_kv: list | None = None, keep_kv:
     Gemma 3 text body, the same computation as `Gemma3Model.__call__`; with `prefix_kv` (from an earlier call
     with `keep_kv`, batch 1), every row of `inputs` continues that prefix. Blocks are checkpointed when
     `set_grad_checkpoint` asked for it."""
-    import mlx.nn as nn
-
     body = text_model(model).model
     checkpoint = getattr(body, "wordle_grad_checkpoint", False)
     h = body.embed_tokens(inputs)

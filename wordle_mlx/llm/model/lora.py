@@ -28,9 +28,11 @@ from typing import Iterator
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from ...errors import UserError
 from ...fileio import publish_dir, write_json_atomic, write_text_atomic
+from ..play.prompts import ADAPTER_PROMPT_KEY
 
 ADAPTER_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -50,8 +52,6 @@ def adapter_config(num_layers: int, params: dict, base_model: str, prompt: dict 
     """The adapter_config.json content mlx-lm expects (extra keys are ignored by mlx-lm), plus the base model
     and the prompt settings the adapter was trained with (`prompts.ADAPTER_PROMPT_KEY`), so eval, play and
     GRPO show it the prompts it knows."""
-    from ..play.prompts import ADAPTER_PROMPT_KEY
-
     cfg = {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params, "base_model": base_model}
     if prompt is not None:
         cfg[ADAPTER_PROMPT_KEY] = prompt
@@ -60,8 +60,6 @@ def adapter_config(num_layers: int, params: dict, base_model: str, prompt: dict 
 
 def apply_lora(model, num_layers: int, params: dict) -> int:
     """Freeze `model` and add LoRA layers in place; returns the number of trainable parameters."""
-    from mlx_lm.tuner.utils import linear_to_lora_layers
-
     model.freeze()
     try:
         linear_to_lora_layers(model, num_layers, params)

@@ -25,7 +25,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.convert import convert
+from mlx_lm.models.gemma3_text import Model, ModelArgs
+from mlx_lm.utils import make_shards
+
 from ...fileio import write_json_atomic
+from .models import cached_build, gemma_270m_dir
 
 KINDS = ("float32", "bfloat16", "4bit")
 SIZES = ("tiny", "4b")
@@ -75,9 +82,6 @@ def wrapper_config(dtype: str, size: str = "tiny") -> dict:
 def text_shapes(text: dict) -> dict:
     """{name: shape} of a `gemma3_text` model's parameters (tied embedding: no lm_head), read off an mlx-lm
     model whose lazily drawn initial values are never computed."""
-    from mlx.utils import tree_flatten
-    from mlx_lm.models.gemma3_text import Model, ModelArgs
-
     shapes = {name: tuple(value.shape) for name, value in tree_flatten(Model(ModelArgs.from_dict(text)).parameters())}
     shapes.pop("lm_head.weight", None)
     return shapes
@@ -106,8 +110,6 @@ def vision_shapes(vision: dict, text_hidden: int) -> dict:
 def random_tensor(name: str, shape: tuple, key, dtype):
     """One tensor drawn as mlx's layers draw their initial values; Gemma's norms scale by (1 + w), so their w
     is small."""
-    import mlx.core as mx
-
     if name.endswith("norm.weight") or len(shape) == 1:
         value = 0.1 * mx.random.normal(shape, key=key) if name.endswith("norm.weight") else mx.zeros(shape)
     elif "embed_tokens" in name or "position_embedding" in name:
@@ -122,8 +124,6 @@ def random_tensor(name: str, shape: tuple, key, dtype):
 
 def random_weights(size: str, seed: int, dtype) -> dict:
     """Every tensor of the layout, text (`language_model.*`) and vision, drawn one at a time from `seed`."""
-    import mlx.core as mx
-
     text, vision, _ = CONFIGS[size]
     shapes = {f"language_model.{name}": shape for name, shape in text_shapes(text).items()}
     shapes.update(vision_shapes(vision, text["hidden_size"]))
@@ -136,9 +136,6 @@ def random_weights(size: str, seed: int, dtype) -> dict:
 
 def save_shards(out: Path, weights: dict) -> None:
     """model.safetensors, or model-0000i-of-0000n.safetensors shards of at most SHARD_GB with their index."""
-    import mlx.core as mx
-    from mlx_lm.utils import make_shards
-
     shards = make_shards(weights, SHARD_GB)
     if len(shards) == 1:
         mx.save_safetensors(str(out / "model.safetensors"), shards[0], metadata={"format": "mlx"})
@@ -154,10 +151,6 @@ def save_shards(out: Path, weights: dict) -> None:
 
 
 def write_float_layout(out: Path, dtype: str, seed: int, size: str = "tiny") -> None:
-    import mlx.core as mx
-
-    from .models import gemma_270m_dir
-
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", wrapper_config(dtype, size))
     write_json_atomic(out / "generation_config.json", {"bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0})
@@ -170,9 +163,6 @@ def write_float_layout(out: Path, dtype: str, seed: int, size: str = "tiny") -> 
 def make_mac_layout(path: str | Path, kind: str, seed: int = 0, size: str = "tiny", bf16: Path | None = None) -> Path:
     """Write the Mac-layout checkpoint `kind` ("float32", "bfloat16" or "4bit") of `size` into folder `path`;
     a 4-bit one is quantized from the bfloat16 folder `bf16` of the same seed and size when it is given."""
-    import mlx.core as mx
-    from mlx_lm.convert import convert
-
     if kind not in KINDS:
         raise ValueError(f"unknown Mac layout {kind!r}; use one of {', '.join(KINDS)}")
     if size not in SIZES:
@@ -206,8 +196,6 @@ def make_mac_layout(path: str | Path, kind: str, seed: int = 0, size: str = "tin
 def rehearsal_model(kind: str, seed: int = 0) -> Path:
     """The full-size random 4B checkpoint of `kind` in the user cache, built the first time it is asked for
     (about 8.6 GB for bfloat16, 3 GB for 4-bit)."""
-    from .models import cached_build
-
     bf16 = rehearsal_model("bfloat16", seed) if kind == "4bit" else None
     return cached_build(f"rehearsal-gemma-3-4b-it-{kind}-seed{seed}",
                         lambda folder: make_mac_layout(folder, kind, seed, size="4b", bf16=bf16))

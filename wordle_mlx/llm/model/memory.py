@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from . import models
+
 CACHE_FRACTION = 0.25     # of the recommended working set
 
 
 def configure_metal_memory(cache_fraction: float = CACHE_FRACTION) -> dict:
     """Set the wired and cache limits on Metal; returns what was set, in bytes ({} without Metal)."""
-    from .models import metal_available
-
-    if not metal_available():
+    if not models.metal_available():
         return {}
     working_set = mx.device_info().get("max_recommended_working_set_size")
     if not working_set:

@@ -6,7 +6,7 @@ mtime), a local mlx-lm model folder, or a Hugging Face repo id such as `mlx-comm
 (downloaded by mlx-lm). Built and imported folders live in the user cache (`fileio.cache_dir("models")`)
 and are built in a temporary sibling folder, then renamed into place, so a crash never leaves a
 half-written model. `load_model` loads with mlx-lm's own loader (and its LoRA adapter loader), and on CPU
-casts half-precision weights to float32, since bf16/fp16 matmuls are ~40x slower there (a loaded adapter's
+casts half-precision weights to float32, since bf16/fp16 matmuls are far slower there (a loaded adapter's
 LoRA weights are float32 in every dtype: `lora.lora_to_float32`), and switches
 Gemma 3's GELU to the CPU-friendly form of `cpu_kernels.py` (WORDLE_MLX_EXACT_GELU=1 keeps mlx-lm's).
 """
@@ -24,8 +24,18 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Iterator
 
+import mlx.core as mx
+import mlx_lm.utils as mlx_utils
+from mlx.utils import tree_flatten
+from mlx_lm.tuner.utils import load_adapters
+
+from ...config import read_json_file
 from ...errors import UserError
 from ...fileio import cache_dir, publish_dir, write_json_atomic
+from .cpu_kernels import use_fast_gelu
+from .gguf_import import bundled_gemma_270m_gguf, import_gguf
+from .lora import lora_to_float32
+from .tiny_model import make_tiny_model_dir
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny-random", "gemma-3-270m")
@@ -36,8 +46,6 @@ HF_REPO_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def metal_available() -> bool:
-    import mlx.core as mx
-
     try:
         return bool(mx.metal.is_available())
     except (AttributeError, RuntimeError):
@@ -107,14 +115,10 @@ def cached_build(name: str, build: Callable[[Path], object]) -> Path:
 
 
 def tiny_random_dir(seed: int = 0) -> Path:
-    from .tiny_model import make_tiny_model_dir
-
     return cached_build(f"tiny-random-seed{seed}", lambda d: make_tiny_model_dir(d, seed))
 
 
 def gemma_270m_dir(dtype: str | None = None) -> Path:
-    from .gguf_import import bundled_gemma_270m_gguf, import_gguf
-
     dtype = check_dtype(dtype)
     return cached_build(f"gemma-3-270m-{dtype}", lambda d: import_gguf(bundled_gemma_270m_gguf(), d, dtype=dtype))
 
@@ -126,8 +130,6 @@ def gguf_cache_name(path: Path, dtype: str) -> str:
 
 
 def gguf_dir(path: Path, dtype: str | None = None) -> Path:
-    from .gguf_import import import_gguf
-
     dtype = check_dtype(dtype)
     return cached_build(gguf_cache_name(path, dtype), lambda d: import_gguf(path, d, dtype=dtype))
 
@@ -174,9 +176,6 @@ def describe_model_dir(path: Path) -> dict:
 
 def cast_model(model, dtype: str | None) -> None:
     """Cast floating-point parameters: to `dtype` if given, else to float32 on CPU if they are half precision."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     if dtype is None:
         if metal_available():
             return
@@ -197,15 +196,13 @@ def load_tokenizer(model_path: Path, eos_token_ids):
     takes seconds to parse, and one eval loads the same tokenizer for the model and the base-model baseline.
     Keyed by the folder, its tokenizer files' sizes and times and the eos ids; nothing here mutates a
     tokenizer (wordle-mlx decodes with `decode`, never the stateful streaming detokenizer)."""
-    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
-
     files = sorted(p for p in Path(model_path).glob("*") if p.is_file() and ("token" in p.name or p.suffix == ".jinja"))
     key = (str(Path(model_path).resolve()), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files),
            repr(eos_token_ids))
     if key in _TOKENIZERS:
         _TOKENIZERS.move_to_end(key)
         return _TOKENIZERS[key]
-    tokenizer = mlx_load_tokenizer(model_path, eos_token_ids=eos_token_ids)
+    tokenizer = mlx_utils.load_tokenizer(model_path, eos_token_ids=eos_token_ids)
     _TOKENIZERS[key] = tokenizer
     while len(_TOKENIZERS) > KEEP_TOKENIZERS:
         _TOKENIZERS.popitem(last=False)
@@ -215,8 +212,6 @@ def load_tokenizer(model_path: Path, eos_token_ids):
 def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: str | None = None):
     """Resolve `spec` and load `(model, tokenizer)` with mlx-lm (what `mlx_lm.load` does, with the tokenizer
     from `load_tokenizer`), optionally with a LoRA adapter folder."""
-    import mlx_lm.utils as mlx_utils
-
     location = resolve_model(spec, dtype)
     if adapter_path is not None:
         adapter = Path(adapter_path).expanduser()
@@ -237,10 +232,6 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
     # model would round them to bf16, a larger change than one SGD step).
     cast_model(model, dtype)
     if adapter_path is not None:
-        from mlx_lm.tuner.utils import load_adapters
-
-        from ...config import read_json_file
-
         if not isinstance(read_json_file(adapter / "adapter_config.json"), dict):
             raise UserError(f"{adapter / 'adapter_config.json'}: expected a JSON object")
         try:
@@ -252,10 +243,7 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
             detail = " ".join(str(exc).split())[:300]
             raise UserError(f"adapter {str(adapter_path)!r} does not fit model {spec!r}: {detail}") from None
         model.eval()
-        from .lora import lora_to_float32
-
         lora_to_float32(model)       # an adapter saved in bfloat16 trains and plays in float32
     if not metal_available() and not os.environ.get("WORDLE_MLX_EXACT_GELU"):
-        from .cpu_kernels import use_fast_gelu
         use_fast_gelu(model)
     return model, tokenizer

@@ -13,6 +13,10 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.gemma3_text import Model, ModelArgs
+
 from ...fileio import write_json_atomic
 from .tokenizer_build import (TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_USER_DEFINED,
                               SPACE_PIECE, gemma_tokenizer_json, write_tokenizer_files)
@@ -70,10 +74,6 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
 def tiny_weights(seed: int, config: dict | None = None) -> dict:
     """Random float32 weights of the tiny model, or of a `gemma3_text` `config` (no `lm_head`: embeddings
     are tied, as in Gemma 3)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models.gemma3_text import Model, ModelArgs
-
     args = ModelArgs.from_dict(config or TINY_CONFIG)
     mx.random.seed(seed)
     model = Model(args)
@@ -92,8 +92,6 @@ def tiny_weights(seed: int, config: dict | None = None) -> dict:
 
 def make_tiny_model_dir(path: str | Path, seed: int = 0) -> Path:
     """Write the tiny random Gemma 3 model (config, weights, tokenizer) into folder `path`."""
-    import mlx.core as mx
-
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", TINY_CONFIG)

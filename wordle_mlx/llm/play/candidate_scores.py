@@ -19,7 +19,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import mlx.core as mx
 import numpy as np
+
+from ..model.logits import shared_prefix_logits
+from .reply_grammar import LETTERS
 
 
 def reply_token_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: Sequence[int] | None = None) -> list[int]:
@@ -35,8 +39,6 @@ def reply_token_ids(tokenizer, messages: list[dict], reply: str, prompt_ids: Seq
 
 def reply_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Sequence[int]], chunk: int = 32) -> np.ndarray:
     """(len(replies),) float64: log p(reply | prompt) for each reply, summed over the reply's tokens."""
-    import mlx.core as mx
-
     if len(prompt_ids) < 2:
         raise ValueError("the prompt needs at least 2 tokens")
     if any(len(r) == 0 for r in replies):
@@ -72,11 +74,6 @@ def letter_logprobs(model, prompt_ids: Sequence[int], words: Sequence[str], gram
     forced tokens score 0), teacher-forced; with `trie`, under words decoding (renormalised over the letters
     `trie.allowed` gives after the word's earlier letters, off `board`). The prompt and the opening tag run once
     for every word."""
-    import mlx.core as mx
-
-    from ..model.logits import shared_prefix_logits
-    from .reply_grammar import LETTERS
-
     if any(len(w) != 5 or not set(w) <= set(LETTERS) for w in words):
         raise ValueError("every word needs 5 lowercase letters")
     head = [int(t) for t in prompt_ids] + list(grammar.open)
@@ -105,10 +102,6 @@ def letter_logprobs(model, prompt_ids: Sequence[int], words: Sequence[str], gram
 
 def _scored_token_logprobs(model, prefix, inputs, part, scored, width, temperature: float = 1.0) -> np.ndarray:
     """Flat float64 log p(token) at `temperature` of the scored reply tokens, row by row, in order."""
-    import mlx.core as mx
-
-    from ..model.logits import shared_prefix_logits
-
     positions = [j * width + t for j, ts in enumerate(scored) for t in ts]
     targets = [part[j][t] for j, ts in enumerate(scored) for t in ts]
     logits = shared_prefix_logits(model, prefix, mx.array(inputs), mx.array(positions)).astype(mx.float32)
@@ -122,8 +115,6 @@ def reply_token_logprobs(model, prompt_ids: Sequence[int], replies: Sequence[Seq
                          chunk: int = 32) -> list[np.ndarray]:
     """For each reply, float64 log p(token | prompt, earlier reply tokens) of each of its tokens at `temperature`
     (the policy log-probs a sampled reply would carry; every row scores all of its own tokens)."""
-    import mlx.core as mx
-
     if len(prompt_ids) < 2 or any(len(r) == 0 for r in replies):
         raise ValueError("the prompt needs at least 2 tokens and every reply at least one")
     prefix, last = mx.array([int(t) for t in prompt_ids[:-1]]), int(prompt_ids[-1])

@@ -11,11 +11,12 @@ tokens; the sequence is then removed from the batch at once), or after `max_toke
 (finish reason "length"). KV reuse: the longest token prefix shared by all prompts (at least the system
 prompt) is prefilled once at batch size 1 and its cache is shared read-only by every sequence, and a
 prompt that occurs several times (G samples of one state) is prefilled once for all its samples (they
-share that cache read-only too: mlx-lm copies caches when it merges them into a batch). Nothing is reused across calls or turns (each turn's prompt is a fresh chat-template rendering).
+share that cache read-only too: mlx-lm copies caches when it merges them into a batch). Nothing is reused across
+calls or turns (each turn's prompt is a fresh chat-template rendering).
 Log-prob convention: see `policy_logprob_temperature`. Sampling at a temperature with no top-p/top-k/
 min-p filter uses `inverse_cdf_sampler` on CPU: the same categorical distribution as mlx-lm's sampler
 (a cumulative sum in float64 and one MLX-seeded uniform per row), cheaper over Gemma's 262k-token
-vocabulary, where MLX draws noise for every entry (1.50x at 64 rows: `benchmarks/sampler.py`). With
+vocabulary, where MLX draws noise for every entry (`benchmarks/sampler.py` compares the two). With
 `mode="grammar"` or `"words"` (reply_grammar.py) BatchGenerator is not used: the letters-format reply's tags are
 forced and its 5 letters are picked on the 26 letter rows by `letter_decoder.decode_letters`; a `Completion` then
 marks which tokens were chosen (`choice`) and gives forced tokens log-prob 0; in words decoding `excluded` names
@@ -29,10 +30,17 @@ import copy
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
+import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
 from pydantic import Field
 
 from ...config import StrictModel
+from .letter_decoder import decode_letters
+from .reply_grammar import LETTERS, LetterGrammar, WordTrie
+from .tokens import common_prefix_length, end_token_ids, reply_end_id
 
 STOP_TEXTS = ("</guess>",)
 MIN_SHARED_PREFIX = 8           # shorter common prefixes are not worth a separate forward pass
@@ -76,8 +84,6 @@ def policy_logprob_temperature(cfg: SamplingConfig) -> float:
 
 def policy_logprobs(logits, tokens, temperature: float):
     """log_softmax(logits / temperature) at `tokens` (logits [..., V], tokens [...]) in float32."""
-    import mlx.core as mx
-
     scaled = logits.astype(mx.float32) / temperature
     logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
     return mx.take_along_axis(logp, mx.expand_dims(tokens, -1), axis=-1).squeeze(-1)
@@ -85,9 +91,6 @@ def policy_logprobs(logits, tokens, temperature: float):
 
 def inverse_cdf_sampler(temperature: float):
     """A sampler for BatchGenerator: token ~ softmax(logprobs / temperature) per row, by inverse CDF."""
-    import mlx.core as mx
-    import numpy as np
-
     def sample(logprobs):
         mx.eval(logprobs)
         x = np.asarray(logprobs.astype(mx.float32)) / temperature
@@ -101,41 +104,11 @@ def inverse_cdf_sampler(temperature: float):
 
 def make_sampler_for(cfg: SamplingConfig):
     """mlx-lm's sampler for `cfg`, or the inverse-CDF one for plain temperature sampling on CPU."""
-    import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
-
     plain = cfg.top_p >= 1.0 and cfg.top_k == 0 and cfg.min_p == 0.0
     if cfg.temperature > 0 and plain and mx.default_device() == mx.cpu:
         return inverse_cdf_sampler(cfg.temperature)
     return make_sampler(cfg.temperature, top_p=cfg.top_p if cfg.top_p < 1.0 else 0.0,
                         min_p=cfg.min_p, top_k=cfg.top_k)
-
-
-def end_token_ids(tokenizer) -> set[int]:
-    """EOS ids of the tokenizer plus `<end_of_turn>` when the vocabulary has it."""
-    ids = set(int(t) for t in getattr(tokenizer, "eos_token_ids", None) or [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    vocab = tokenizer.get_vocab()
-    if "<end_of_turn>" in vocab:
-        ids.add(int(vocab["<end_of_turn>"]))
-    return ids
-
-
-def reply_end_id(tokenizer, end_ids: set[int]) -> int:
-    """The token that ends a reply: `<end_of_turn>` when the vocabulary has it, else the smallest EOS id."""
-    turn = tokenizer.get_vocab().get("<end_of_turn>")
-    return int(turn) if turn is not None else min(end_ids)
-
-
-def common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
-    first = seqs[0]
-    n = min(len(s) for s in seqs)
-    for i in range(n):
-        t = first[i]
-        if any(s[i] != t for s in seqs):
-            return i
-    return n
 
 
 class BatchedGenerator:
@@ -153,7 +126,6 @@ class BatchedGenerator:
         self.mode = mode               # reply_grammar.DECODE_MODES
         self.grammar = self.trie = None
         if mode != "free":
-            from .reply_grammar import LetterGrammar, WordTrie
             self.grammar = LetterGrammar(tokenizer, reply_end_id(tokenizer, self.end_ids))
             if mode == "words":
                 if words is None:
@@ -162,8 +134,6 @@ class BatchedGenerator:
 
     # -- KV reuse -------------------------------------------------------------------------------------
     def _prefill(self, tokens: Sequence[int], cache, step: int) -> None:
-        import mlx.core as mx
-
         for start in range(0, len(tokens), step):
             self.model(mx.array(list(tokens[start:start + step]))[None], cache=cache)
             mx.eval([c.state for c in cache])
@@ -173,8 +143,6 @@ class BatchedGenerator:
         """(inputs, caches): what each sequence still has to prefill, and its starting cache (or None)."""
         if not cfg.reuse_prefix or len(prompts) < 2:
             return prompts, None
-        from mlx_lm.models.cache import make_prompt_cache
-
         distinct = list(dict.fromkeys(tuple(p) for p in prompts))
         counts = {p: 0 for p in distinct}
         for p in prompts:
@@ -228,9 +196,6 @@ class BatchedGenerator:
         `greedy_logprobs_at_temperature` the sampling temperature's, so the reply can be trained on beside
         the samples). In grammar and words modes only the reply's letters are decoded (letter_decoder.py); in words
         mode `excluded[i]` (the words on prompt i's board) are never spelled."""
-        import mlx.core as mx
-        from mlx_lm.generate import BatchGenerator
-
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
@@ -300,11 +265,6 @@ class BatchedGenerator:
         """Replies whose tags are forced and whose 5 letters are picked over the 26 letter tokens: greedily
         (argmax, no softmax over anything but the letters) or sampled from softmax(logits / T) over the allowed
         letters; in words mode letters that continue no allowed word off the row's board are never allowed."""
-        import mlx.core as mx
-
-        from .letter_decoder import decode_letters
-        from .reply_grammar import LETTERS
-
         g = self.grammar
         temperature = policy_logprob_temperature(cfg)
         sampler = make_sampler_for(cfg) if cfg.temperature > 0 else None

@@ -21,9 +21,9 @@ from typing import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from .generation import common_prefix_length
-from ..model.logits import body_hidden, text_model
-from .reply_grammar import LetterGrammar, head_rows
+from ..model.logits import body_hidden, head_rows, text_model
+from .reply_grammar import LetterGrammar
+from .tokens import common_prefix_length
 
 Pick = Callable[[mx.array, list[list[int]], list[int]], tuple[list[int], list[float]]]
 

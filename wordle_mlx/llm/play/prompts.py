@@ -7,14 +7,15 @@ out, and guesses left. Two settings (`PromptConfig`): whether the think block is
 the prompt carries the whole conversation (`context="conversation"`) or a fresh state summary each
 turn (`context="summary"`); the prompt `style`: "full" (the rules, then every guess with its colours and
 the derived letters, as above) or "compact" (a one-line instruction and only the derived clues, e.g.
-"Pattern: _ e t _ _ / Has: r (not 1) / Not: a b d i", about 40 tokens instead of ~200: on a CPU every
-prompt token costs training and rollout time, and a small model does better reading the clues than
-working them out); and the `guess_format` the instruction asks for (the defaults: no think block, compact, letters, the shipped
-270M adapter's): a word (`<guess>crane</guess>`) or
+"Pattern: _ e t _ _ / Has: r (not 1) / Not: a b d i", a fraction of the full prompt's tokens: on a CPU every
+prompt token costs training and rollout time, and the model reads the clues instead of working them out); and
+the `guess_format` the instruction asks for (the defaults: no think block, compact, letters, the shipped 270M
+adapter's): a word (`<guess>crane</guess>`) or
 its letters (`<guess> c r a n e</guess>`, which a small model writes as five single-letter tokens that
 line up with the pattern's letters). The parser never raises on model output; it returns the guess or
-the kind of error, and it reads both guess formats. This module renders text only; it does not tokenize (the rollout engine and the SFT data
-both go through the tokenizer's chat template). It does not import mlx, so data generation can use it.
+the kind of error, and it reads both guess formats. This module renders text only; it does not tokenize (the
+rollout engine and the SFT data both go through the tokenizer's chat template). It does not import mlx, so data
+generation can use it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Collection, Literal, Sequence
 from pydantic import Field
 
 from ...config import StrictModel
+from ...errors import UserError
 from ...game.knowledge import Knowledge
 
 Context = Literal["summary", "conversation"]
@@ -58,16 +60,12 @@ class PromptConfig(StrictModel):
     rejected_word: RejectedWord = Field("upper", description="How the retry message shows a reply that is not in "
                                         "the word list: 'upper' ('BOIND is not in the word list.') or 'letters' "
                                         "('Not in the word list: b o i n d.', the same single-letter tokens as a "
-                                        "letters reply). Measured (docs/RESULTS.md): SFT with "
-                                        "'letters' won 56 / 200 where 'upper' won 55, and the model repeated a "
-                                        "rejected word as often.")
+                                        "letters reply).")
     retry_context: RetryContext = Field("last", description="Which invalid replies a summary-mode retry prompt "
                                         "reports: 'last' (only the last one) or 'turn' (every invalid reply "
                                         "since the last played guess, one line each, oldest first). With 'last' "
                                         "a repeated invalid reply gives the same prompt again, so greedy play "
-                                        "repeats it until the game's invalid replies run out. Measured "
-                                        "(docs/RESULTS.md): the shipped adapter wins 45 / 200 "
-                                        "either way; with 'turn' it still fails the third try.")
+                                        "repeats it until the game's invalid replies run out.")
 
 
 ADAPTER_PROMPT_KEY = "wordle_prompt"   # adapter_config.json: the PromptConfig the adapter was trained with
@@ -84,7 +82,6 @@ def adapter_prompt(adapter_dir: str | Path | None) -> PromptConfig | None:
         return None      # a missing or broken adapter is reported by the model loader, with its own message
     if raw is None:
         return None
-    from ...errors import UserError
     try:
         return PromptConfig(**raw)
     except (TypeError, ValueError) as exc:

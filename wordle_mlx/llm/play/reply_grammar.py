@@ -9,8 +9,9 @@ only, from their rows of the output projection (the tied embedding), never for t
 policy is then exactly the full model's distribution renormalised over the allowed tokens at each position. In
 `words` decoding the allowed letters at each position are those that continue some allowed guess (a prefix trie
 of the 12,972 words, `WordTrie`) and spell no word already on the board, so a reply always spells a word the game
-accepts and never repeats a guess; `free` is the model's own unconstrained reply. `letter_decoder.py` decodes with it; `choice_logprobs` is the same renormalised log-softmax for training
-(GRPO's update and, as an option, the SFT loss), so sampler and trainer agree to float rounding.
+accepts and never repeats a guess; `free` is the model's own unconstrained reply. `letter_decoder.py` decodes with it;
+`logits.choice_logprobs` is the same renormalised log-softmax for training (GRPO's update and, as an option, the SFT
+loss), so sampler and trainer agree to float rounding. This module does not import mlx (the configs import it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Collection, Literal, Sequence
 import numpy as np
 
 from ...errors import UserError
+from .tokens import end_token_ids, reply_end_id
 
 DecodeMode = Literal["free", "grammar", "words"]
 DECODE_MODES = ("free", "grammar", "words")
@@ -130,8 +132,6 @@ class LetterGrammar:
     @classmethod
     def for_tokenizer(cls, tokenizer) -> "LetterGrammar":
         """The grammar of `tokenizer`'s replies, ended by its reply end token (`<end_of_turn>` for Gemma)."""
-        from .generation import end_token_ids, reply_end_id
-
         return cls(tokenizer, reply_end_id(tokenizer, end_token_ids(tokenizer)))
 
 
@@ -177,35 +177,3 @@ class LetterChoices:
                                      "never offers it (no allowed word off the board continues that way)")
                 written[int(s)] = prefix + LETTERS[i]
         return index, allowed
-
-
-# --- MLX part --------------------------------------------------------------------------------------
-def head_rows(model, token_ids):
-    """(K, hidden) rows of the output projection for `token_ids` (an mx.array): the tied embedding's rows
-    (dequantized when it is quantized), or the untied head's."""
-    import mlx.core as mx
-    import mlx.nn as nn
-
-    from ..model.logits import text_model
-
-    lm = text_model(model)
-    if getattr(lm, "tie_word_embeddings", False) or not hasattr(lm, "lm_head"):
-        return lm.model.embed_tokens(token_ids)
-    head = lm.lm_head
-    if isinstance(head, nn.QuantizedLinear):
-        return mx.dequantize(head.weight[token_ids], head.scales[token_ids], head.biases[token_ids],
-                             head.group_size, head.bits)
-    return head.weight[token_ids]
-
-
-def choice_logprobs(logits, index, allowed, temperature: float):
-    """log_softmax(logits / T) over the allowed tokens, at `index` (logits (M, K) over the choice tokens,
-    index (M,), allowed (M, K) bool or None = all), in float32."""
-    import mlx.core as mx
-
-    scaled = logits.astype(mx.float32)
-    if temperature != 1.0:
-        scaled = scaled / temperature
-    if allowed is not None:
-        scaled = mx.where(allowed, scaled, -mx.inf)
-    return mx.take_along_axis(scaled, index[:, None], axis=-1)[:, 0] - mx.logsumexp(scaled, axis=-1)

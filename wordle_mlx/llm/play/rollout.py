@@ -10,7 +10,7 @@ Each reply is parsed (`prompts.parse_reply`) and recorded as an `episode.Turn`. 
 word is played (repeats are played and flagged `repeated`); any other reply is invalid: it is counted,
 the next prompt says what was wrong, and it does not use up a guess. A game ends on a win, when no guesses are left, or
 after `max_invalid_replies` invalid replies. `sample_replies` samples G completions for each of several
-prompts in one batch (GRPO turn mode); `sample_replies_and_greedy` adds each prompt's greedy reply to
+prompts in one batch (a GRPO group); `sample_replies_and_greedy` adds each prompt's greedy reply to
 that batch. In words decoding the MLX backend is told each board's words (`call_backend`), so a played word is
 never offered again. The backend is a parameter (`generate_fn`), so tests can script replies. Rollouts never build
 a gradient graph (nothing here calls value_and_grad) and the model is put in eval mode. With temperature 0
@@ -18,6 +18,8 @@ the same inputs give the same games.
 """
 
 from __future__ import annotations
+
+import mlx.core as mx
 
 import time
 from dataclasses import dataclass, field
@@ -78,7 +80,7 @@ class GameSpec:
 
 
 @dataclass
-class _Game:
+class LiveGame:
     """A game in progress: its episode plus what the next prompt needs."""
     episode: Episode
     texts: list[TurnText] = field(default_factory=list)
@@ -114,8 +116,6 @@ def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: S
     config's decoding mode (`words` are the allowed guesses words decoding spells)."""
     if generate_fn is not None:
         return generate_fn
-    import mlx.core as mx
-
     mx.random.seed(cfg.seed)
     return BatchedGenerator(model, tokenizer, mode=decode_mode(cfg), words=words)
 
@@ -129,21 +129,21 @@ def call_backend(generate: GenerateFn, prompts: Sequence[Sequence[int]], cfg: Sa
     return generate(prompts, cfg, **options)
 
 
-def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
+def sample_replies(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], num_generations: int,
                    cfg: SamplingConfig, generate_fn: GenerateFn | None = None,
                    words: Collection[str] | None = None,
                    boards: Sequence[Collection[str]] | None = None) -> list[list[Completion]]:
-    """`n_per_prompt` completions for each prompt, all sampled in one batch: result[i][j] is sample j of prompt i
+    """`num_generations` completions for each prompt, all sampled in one batch: result[i][j] is sample j of prompt i
     (`words`: the allowed guesses, for words decoding; `boards`: each prompt's words on the board)."""
-    if n_per_prompt < 1:
-        raise ValueError(f"n_per_prompt must be >= 1, got {n_per_prompt}")
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
     generate = default_generate_fn(model, tokenizer, generate_fn, cfg, words)
-    flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt)]
-    out = call_backend(generate, flat, cfg, repeat(boards, n_per_prompt))
-    return [out[i * n_per_prompt:(i + 1) * n_per_prompt] for i in range(len(prompts_token_ids))]
+    flat = [list(p) for p in prompts_token_ids for _ in range(num_generations)]
+    out = call_backend(generate, flat, cfg, repeat(boards, num_generations))
+    return [out[i * num_generations:(i + 1) * num_generations] for i in range(len(prompts_token_ids))]
 
 
-def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], n_per_prompt: int,
+def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequence[int]], num_generations: int,
                               cfg: SamplingConfig, generate_fn: GenerateFn | None = None,
                               greedy_logprobs_at_temperature: bool = False, words: Collection[str] | None = None,
                               boards: Sequence[Collection[str]] | None = None
@@ -157,15 +157,15 @@ def sample_replies_and_greedy(model, tokenizer, prompts_token_ids: Sequence[Sequ
         if greedy_logprobs_at_temperature and policy_logprob_temperature(cfg) != 1.0:
             raise ValueError("greedy log-probs at the sampling temperature need the MLX backend when T != 1")
         greedy_cfg = cfg.model_copy(update={"temperature": 0.0})
-        return (sample_replies(model, tokenizer, prompts_token_ids, n_per_prompt, cfg, generate),
+        return (sample_replies(model, tokenizer, prompts_token_ids, num_generations, cfg, generate),
                 [r[0] for r in sample_replies(model, tokenizer, prompts_token_ids, 1, greedy_cfg, generate)])
-    flat = [list(p) for p in prompts_token_ids for _ in range(n_per_prompt + 1)]
-    flags = ([False] * n_per_prompt + [True]) * len(prompts_token_ids)
-    out = call_backend(generate, flat, cfg, repeat(boards, n_per_prompt + 1), greedy=flags,
+    flat = [list(p) for p in prompts_token_ids for _ in range(num_generations + 1)]
+    flags = ([False] * num_generations + [True]) * len(prompts_token_ids)
+    out = call_backend(generate, flat, cfg, repeat(boards, num_generations + 1), greedy=flags,
                        greedy_logprobs_at_temperature=greedy_logprobs_at_temperature)
-    step = n_per_prompt + 1
-    return ([out[i * step:i * step + n_per_prompt] for i in range(len(prompts_token_ids))],
-            [out[i * step + n_per_prompt] for i in range(len(prompts_token_ids))])
+    step = num_generations + 1
+    return ([out[i * step:i * step + num_generations] for i in range(len(prompts_token_ids))],
+            [out[i * step + num_generations] for i in range(len(prompts_token_ids))])
 
 
 def repeat(boards: Sequence[Collection[str]] | None, n: int) -> list[Collection[str]] | None:
@@ -173,16 +173,16 @@ def repeat(boards: Sequence[Collection[str]] | None, n: int) -> list[Collection[
     return None if boards is None else [b for b in boards for _ in range(n)]
 
 
-def _start(spec: GameSpec, cfg: RolloutConfig) -> _Game:
+def start_game(spec: GameSpec, cfg: RolloutConfig) -> LiveGame:
     state = GameState(secret=spec.secret, max_guesses=cfg.max_guesses)
     for guess in spec.seeded_guesses:
         state.play(guess)
     if state.over:
         raise ValueError(f"seeded guesses {spec.seeded_guesses} already end the game for {spec.secret!r}")
-    return _Game(Episode(secret=spec.secret, seeded=list(spec.seeded_guesses), state=state, group=spec.group))
+    return LiveGame(Episode(secret=spec.secret, seeded=list(spec.seeded_guesses), state=state, group=spec.group))
 
 
-def _apply(game: _Game, prompt: list[int], reply: Completion, cfg: RolloutConfig, allowed: Collection[str]) -> None:
+def apply_reply(game: LiveGame, prompt: list[int], reply: Completion, cfg: RolloutConfig, allowed: Collection[str]) -> None:
     """Record one reply as a Turn, play it if valid, and decide whether the game is over."""
     ep, state = game.episode, game.episode.state
     parsed = parse_reply(reply.text, cfg.prompt.require_think, allowed)
@@ -219,12 +219,12 @@ def play_games(model, tokenizer, games: Sequence[GameSpec], cfg: RolloutConfig, 
     generate = default_generate_fn(model, tokenizer, generate_fn, cfg, allowed)
     if model is not None and hasattr(model, "eval"):
         model.eval()
-    running = [_start(spec, cfg) for spec in games]
+    running = [start_game(spec, cfg) for spec in games]
     _play(running, tokenizer, generate, cfg, allowed, progress, deadline, on_turn)
     return [g.episode for g in running]
 
 
-def _play(running: list[_Game], tokenizer, generate: GenerateFn, cfg: RolloutConfig, allowed: frozenset,
+def _play(running: list[LiveGame], tokenizer, generate: GenerateFn, cfg: RolloutConfig, allowed: frozenset,
           progress: Callable[..., None] | None = None, deadline: float | None = None,
           on_turn: Callable[[int, Episode, Turn], None] | None = None) -> None:
     """The lockstep loop: every unfinished game's next prompt in one `generate` call, until all are done."""
@@ -244,7 +244,7 @@ def _play(running: list[_Game], tokenizer, generate: GenerateFn, cfg: RolloutCon
         if len(replies) != len(prompts):
             raise RuntimeError(f"generation backend returned {len(replies)} replies for {len(prompts)} prompts")
         for i, game, prompt, reply in zip(active_index, active, prompts, replies):
-            _apply(game, prompt, reply, cfg, allowed)
+            apply_reply(game, prompt, reply, cfg, allowed)
             if on_turn is not None:
                 on_turn(i, game.episode, game.episode.turns[-1])
         finished = sum(1 for g in active if g.done)

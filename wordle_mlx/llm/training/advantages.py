@@ -1,7 +1,7 @@
 """Group-relative advantages for GRPO, in plain numpy: one number for each sampled reply.
 
-`group_advantages` turns per-sample rewards and group ids into advantages, (r - mean) / (std + eps) or
-r - mean; a group whose rewards are all equal gets exactly 0 and is reported as skipped (`spread_groups` finds
+`group_advantages` turns per-sample rewards and group ids into advantages, (r - mean) / (std + eps); a
+group whose rewards are all equal gets exactly 0 and is reported as skipped (`spread_groups` finds
 the groups with a spread, and raises on a non-finite reward). `grpo_loss.py` packs these into token batches.
 """
 
@@ -34,9 +34,9 @@ def spread_groups(rewards: np.ndarray, groups: np.ndarray) -> tuple[list[np.ndar
     return live, skipped
 
 
-def group_advantages(rewards: Sequence[float], groups: Sequence[int], scale: bool = True,
-                     eps: float = 1e-4) -> tuple[np.ndarray, int]:
-    """(advantage per sample, number of zero-variance groups) for rewards grouped by `groups`."""
+def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float = 1e-4) -> tuple[np.ndarray, int]:
+    """(advantage per sample, number of zero-variance groups) for rewards grouped by `groups`: (r - mean) / std
+    within a group, 0 in a group whose rewards do not differ."""
     rewards = np.asarray(rewards, dtype=np.float64)
     groups = np.asarray(groups)
     if rewards.shape != groups.shape:
@@ -45,6 +45,5 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], scale: boo
     live, skipped = spread_groups(rewards, groups)
     for idx in live:
         r = rewards[idx]
-        centred = r - r.mean()
-        out[idx] = centred / (r.std() + eps) if scale else centred
+        out[idx] = (r - r.mean()) / (r.std() + eps)
     return out, skipped

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ...errors import UserError
+from ...fileio import write_text_atomic
 
 TIMEOUT_ENV = "WORDLE_MLX_COLLECTIVE_TIMEOUT"
 HASH_DIR_ENV = "WORDLE_MLX_WEIGHTS_HASH_DIR"
@@ -101,8 +102,6 @@ class World:
         """Rank 0's arrays on every rank (other ranks contribute zeros to an all_sum)."""
         if self.size == 1:
             return tree
-        from mlx.utils import tree_map
-
         mine = tree if self.is_main else tree_map(mx.zeros_like, tree)
         return self.sum_tree(mine, what)
 
@@ -170,13 +169,25 @@ def interleave(per_rank: list[list]) -> list:
 
 
 class NullWriter:
-    """Stands in for the metrics writer on ranks other than 0 (only rank 0 writes files)."""
+    """Stands in for the metrics writer on ranks other than 0 (only rank 0 writes files or reports).
+
+    Takes MetricsWriter's arguments (path, report_to, run_name) and ignores them, so either can be built alike.
+    """
+
+    def __init__(self, *args, **kwargs):
+        pass
 
     def write(self, record: dict) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+    def __enter__(self) -> "NullWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _stalled(rank: int, what: str, timeout: float) -> None:
@@ -221,7 +232,6 @@ def write_weights_hash(model, world: World, stage: str) -> None:
     folder = os.environ.get(HASH_DIR_ENV)
     if not folder:
         return
-    from ...fileio import write_text_atomic
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     write_text_atomic(Path(folder) / f"{stage}-rank{world.rank}.sha256", weights_hash(model) + "\n")

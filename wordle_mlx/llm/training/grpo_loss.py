@@ -1,38 +1,33 @@
-"""The GRPO objective: packed token batches and the clipped-ratio loss.
+"""The GRPO objective: packed token batches and the policy-gradient loss.
 
 The advantages come from `advantages.py` (group-relative). `pack_batch` right-pads `TokenSequence`s into
 one input array and keeps, for the model tokens only (mask 1), the flat position, target id, rollout
-log-prob, the sequence's advantage and a weight; the
-weights implement the averaging: `token` (every model token in the step counts the same, DAPO) or
-`sequence` (each reply's tokens are averaged, then replies are averaged, original GRPO). Because weights
-are normalised over the whole step, micro-batches simply add their gradients. `grpo_loss` is
-    sum_t w_t * -min(rho_t A_t, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A_t) + beta * KL_t,
-with rho_t = exp(new - old), new = log_softmax(logits / T) at the sampled token in float32 (T = sampling
-temperature, generation.py's convention). The policy update (`grpo_step.policy_update`) makes one update per
-rollout, so its old log-probs are the trainer's own forward at the weights that sampled, `stop_gradient(new)`:
-the same function, float32 logits, before the update, hence rho_t is exactly 1 in every dtype (the sampler's
-log-probs come from bfloat16 or 4-bit logits on a Mac and differed by up to 0.04 nats). Given rollout
-log-probs (`batch_arrays(batch, rollout_logprobs=True)`), rho_t is taken against those. KL_t is the k3
-estimator exp(ref - new) - (ref - new) - 1 to the reference policy, the same model with its LoRA switched
-off (`lora_disabled`: scale 0, no second copy of the weights). Only model-token positions are
-projected to the vocabulary. Sequences that are one shared prompt followed by one reply each (GRPO turn
-mode: G replies to the same board) are packed by `pack_shared_batch`: the prompt runs through the model
-once and every reply attends to its keys and values (`logits.shared_prefix_logits`), which gives the same
-log-probs and gradients as packing the G full sequences at a fraction of the tokens.
+log-prob, the sequence's advantage and a weight; the weights make every model token of the step count the same
+(`averaging_weights`, DAPO's token mean), and because they are normalised over the whole step, micro-batches
+simply add their gradients. `grpo_loss` is
+    sum_t w_t * -(rho_t A_t) + beta * KL_t,    rho_t = exp(new_t - stop_gradient(new_t)),
+with new = log_softmax(logits / T) at the sampled token in float32 (T = sampling temperature, generation.py's
+convention). GRPO makes one update per rollout, so the old policy is the one being trained: rho_t is 1 in value
+and its gradient is the policy gradient A_t * grad(new_t) (PPO's clip never binds at a ratio of 1, so there is
+none). KL_t is the k3 estimator exp(ref - new) - (ref - new) - 1 to the reference policy, the same model with its
+LoRA switched off (`lora_disabled`: scale 0, no second copy of the weights). Only model-token positions are
+projected to the vocabulary. Sequences that are one shared prompt followed by one reply each (G replies to the
+same board) are packed by `pack_shared_batch`: the prompt runs through the model once and every reply attends to
+its keys and values (`logits.shared_prefix_logits`), which gives the same log-probs and gradients as packing the
+G full sequences at a fraction of the tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
+from typing import Iterator, Sequence
 
+import mlx.core as mx
 import numpy as np
 
+from ..model.logits import choice_logprobs, selected_logits, shared_prefix_logits
 from ..play.episode import TokenSequence
-
-Averaging = Literal["token", "sequence"]
-
 
 @dataclass
 class PolicyBatch:
@@ -52,16 +47,10 @@ class PolicyBatch:
         return int(len(self.targets))
 
 
-def averaging_weights(lengths: Sequence[int], averaging: Averaging) -> list[np.ndarray]:
-    """Per-token weights for sequences of model-token counts `lengths`, normalised over all of them."""
-    lengths = [int(n) for n in lengths]
-    kept = [n for n in lengths if n > 0]
-    if averaging == "token":
-        total = sum(kept)
-        return [np.full(n, 1.0 / total if total else 0.0) for n in lengths]
-    if averaging == "sequence":
-        return [np.full(n, 1.0 / (n * len(kept)) if n else 0.0) for n in lengths]
-    raise ValueError(f"unknown averaging {averaging!r}; use 'token' or 'sequence'")
+def averaging_weights(lengths: Sequence[int]) -> list[np.ndarray]:
+    """Per-token weights for sequences of model-token counts `lengths`: every token the same, summing to 1."""
+    total = sum(int(n) for n in lengths)
+    return [np.full(int(n), 1.0 / total if total else 0.0) for n in lengths]
 
 
 def token_advantages(advantage: float, n: int) -> np.ndarray:
@@ -186,17 +175,11 @@ def split_batch(sequences: Sequence[TokenSequence], max_tokens: int, max_loss_to
     return out
 
 
-# --- MLX part --------------------------------------------------------------------------------------
 def selected_logprobs(model, inputs, positions, targets, temperature: float, prefix=None, choices=None):
     """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part).
     With `prefix`, every row of `inputs` continues that one prefix (see `pack_shared_batch`). With `choices`
     (grammar decoding: `choice_arrays`), the targets are letter choices and the log-softmax runs over the allowed
     letters only, from their rows of the projection."""
-    import mlx.core as mx
-
-    from ..model.logits import selected_logits, shared_prefix_logits
-    from ..play.reply_grammar import choice_logprobs
-
     ids = None if choices is None else choices["ids"]
     if prefix is not None:
         scaled = shared_prefix_logits(model, prefix, inputs, positions, ids).astype(mx.float32)
@@ -226,8 +209,6 @@ def lora_disabled(model) -> Iterator[int]:
 
 @dataclass
 class LossSettings:
-    epsilon: float = 0.2
-    epsilon_high: float | None = None      # None: same as epsilon
     beta: float = 0.0
     temperature: float = 1.0               # the temperature of the rollout log-probs
     letters: object = None                 # reply_grammar.LetterChoices in grammar/words decoding, else None
@@ -236,24 +217,18 @@ class LossSettings:
 def choice_arrays(letters, targets: np.ndarray, sequence: np.ndarray, excluded=None) -> dict:
     """What `selected_logprobs` needs to score letter choices: the letter token ids, each target's index among
     them and the letters allowed at its position (in words decoding, off each sequence's `excluded` words)."""
-    import mlx.core as mx
 
     index, allowed = letters.masks(targets, sequence, excluded)
     return {"ids": mx.array(letters.grammar.letter_ids), "index": mx.array(index),
             "allowed": None if allowed.all() else mx.array(allowed)}
 
 
-def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True, letters=None) -> dict:
-    """The micro-batch as MLX arrays; without `rollout_logprobs`, no "old" entry, and `grpo_loss` takes the
-    old log-probs from its own forward (`stop_gradient(new)`); with `letters` (a LetterChoices), the targets are
-    scored as letter choices."""
-    import mlx.core as mx
+def batch_arrays(batch: PolicyBatch, letters=None) -> dict:
+    """The micro-batch as MLX arrays; with `letters` (a LetterChoices), the targets are scored as letter choices."""
 
     arrays = {"inputs": mx.array(batch.inputs), "positions": mx.array(batch.positions.astype(np.int32)),
               "targets": mx.array(batch.targets), "adv": mx.array(batch.advantages),
               "weights": mx.array(batch.weights)}
-    if rollout_logprobs:
-        arrays["old"] = mx.array(batch.old_logprobs)
     if batch.prefix is not None:
         arrays["prefix"] = mx.array(batch.prefix)
     if letters is not None:
@@ -263,7 +238,6 @@ def batch_arrays(batch: PolicyBatch, rollout_logprobs: bool = True, letters=None
 
 def reference_logprobs(model, arrays: dict, temperature: float):
     """Log-probs of the model tokens under the reference policy, the model with LoRA off, without gradient."""
-    import mlx.core as mx
 
     def logprobs():
         ref = mx.stop_gradient(selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"],
@@ -278,17 +252,12 @@ def reference_logprobs(model, arrays: dict, temperature: float):
 
 
 def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
-    """(loss, stats) for one micro-batch; stats are weighted sums (kl, clipped, ratio) to add across micro-batches."""
-    import mlx.core as mx
+    """(loss, stats) for one micro-batch; stats are weighted sums (kl) to add across micro-batches."""
 
     new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], settings.temperature,
                             arrays.get("prefix"), arrays.get("choices"))
     w, adv = arrays["weights"], arrays["adv"]
-    old = arrays["old"] if "old" in arrays else mx.stop_gradient(new)   # see the module docstring
-    ratio = mx.exp(new - old)
-    high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
-    clipped = mx.clip(ratio, 1.0 - settings.epsilon, 1.0 + high)
-    per_token = -mx.minimum(ratio * adv, clipped * adv)
+    per_token = -mx.exp(new - mx.stop_gradient(new)) * adv          # see the module docstring
     kl = mx.zeros_like(new)
     if settings.beta > 0:
         if ref_logprobs is None:
@@ -296,8 +265,4 @@ def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
         diff = ref_logprobs - new
         kl = mx.exp(diff) - diff - 1.0
         per_token = per_token + settings.beta * kl
-    loss = (w * per_token).sum()
-    was_clipped = ((ratio < 1.0 - settings.epsilon) | (ratio > 1.0 + high)).astype(mx.float32)
-    stats = {"kl": (w * kl).sum(), "clip_fraction": (w * was_clipped).sum(), "ratio": (w * ratio).sum(),
-             "ratio_gap": mx.where(w > 0, mx.abs(ratio - 1.0), 0.0).max()}
-    return loss, stats
+    return (w * per_token).sum(), {"kl": (w * kl).sum()}

@@ -31,6 +31,7 @@ import numpy as np
 from ..model.logits import (full_logits_at, has_split_head, hidden_at, project, selected_logits,
                      shared_prefix_logits)
 from ...errors import UserError
+from ...game.words import guess_list
 from ..play.reply_grammar import LETTERS, LetterGrammar, WordTrie, grammar_applies
 
 
@@ -68,7 +69,6 @@ def letter_loss(decode: str, train_tags: bool, tokenizer, prompt_cfg, seqs: Sequ
     the words loss, that its board is recorded and its word is allowed and off the board."""
     if decode == "free":
         return None
-    from ...game.words import guess_list
 
     if not grammar_applies(prompt_cfg):
         raise UserError(f"decode: {decode!r} needs data in guess_format 'letters' without a think block, not "

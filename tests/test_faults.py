@@ -77,7 +77,7 @@ class Workspace(unittest.TestCase):
         cls.ws = _WORKSPACE["path"]
 
     def config(self, name: str, **changes) -> Path:
-        """A copy of the workspace config `name` with top-level `changes`, written beside it."""
+        """A copy of the workspace config `name` with `changes` (dotted: section.field), written beside it."""
         cfg = json.loads((self.ws / name).read_text())
         for key, value in changes.items():
             section, _, field = key.partition(".")
@@ -132,12 +132,12 @@ class StopSignalThenResume(Workspace):
     def check(self, stage: str, target, name: str, run_name: str, cfg_name: str) -> None:
         cmd, _, kind, total_steps, _ = fi.STAGES[stage]
         # the uninterrupted run in this process too, so that both use the same BLAS
-        done = invoke([cmd, "--config", str(self.config(cfg_name, run_name=f"{run_name}-ref")), "--no-progress"])
+        done = invoke([cmd, "--config", str(self.config(cfg_name, **{"run.name": f"{run_name}-ref"})), "--no-progress"])
         self.assertEqual(done.exit_code, 0, done.stderr)
         ref_dir = self.ws / "logs" / f"{run_name}-ref"
         ref = fi.Reference(fi.adapter_tensors(ref_dir / "adapters"),
                            {r["step"]: (r["loss"], r["grad_norm"]) for r in fi.step_records(ref_dir, kind)}, 0.0)
-        cfg = self.config(cfg_name, **{"run_name": run_name})
+        cfg = self.config(cfg_name, **{"run.name": run_name})
         with self.signal_during_call(target, name, 3):
             result = invoke([cmd, "--config", str(cfg), "--no-progress"])
         run_dir = self.ws / "logs" / run_name
@@ -187,7 +187,7 @@ class DiskFull(Workspace):
         self.assertEqual(state["step"], step)
 
     def test_sft_enospc_in_second_checkpoint(self):
-        cfg = self.config("sft.json", run_name="full-sft")
+        cfg = self.config("sft.json", **{"run.name": "full-sft"})
         # two safetensors files per checkpoint: call 3 is the second checkpoint's adapters
         with self.failing_save(3, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))):
             result = invoke(["sft", "--config", str(cfg), "--no-progress"])
@@ -200,7 +200,7 @@ class DiskFull(Workspace):
         self.assertEqual(steps, list(range(1, fi.SFT_STEPS + 1)))
 
     def test_train_mlx_write_error_in_second_checkpoint(self):
-        cfg = self.config("grpo.json", run_name="full-grpo")
+        cfg = self.config("grpo.json", **{"run.name": "full-grpo"})
         # MLX reports a full disk as RuntimeError("[write] Unable to write N bytes to file."); call 4 is the
         # second checkpoint's optimizer state, after its adapters were written
         with self.failing_save(4, RuntimeError("[write] Unable to write 8 bytes to file.")):
@@ -210,7 +210,7 @@ class DiskFull(Workspace):
         self.check_previous_checkpoint(run_dir, 2)
 
     def test_metrics_write_enospc(self):
-        cfg = self.config("sft.json", run_name="full-metrics")
+        cfg = self.config("sft.json", **{"run.name": "full-metrics"})
         calls = {"n": 0}
 
         def fsync(fd):             # the metrics writer's fsync only: the 4th record (step 3) hits a full disk

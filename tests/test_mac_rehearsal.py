@@ -95,7 +95,7 @@ class MacRehearsal:
 
         def run():
             from wordle_mlx.llm.play import generation
-            with mock.patch.object(generation, "BatchedGenerator", first_reply_a_word(generation.BatchedGenerator)):
+            with mock.patch.object(grpo, "BatchedGenerator", first_reply_a_word(generation.BatchedGenerator)):
                 return grpo.run(load_config(cfg, grpo.GRPOConfig))
         return self.once("train", run)
 

@@ -38,8 +38,8 @@ class ShipAdapterTest(unittest.TestCase):
             (data / f"{split}.jsonl").write_text(
                 "".join(json.dumps({"messages": [], "meta": {"secret": s}}) + "\n" for s in secrets))
         self.data_cfg = write_json(self.root / "data.json", {"out": "data", "seed": 3})
-        self.sft_cfg = write_json(self.root / "sft.json", {"steps": 1})
-        self.grpo_cfgs = [write_json(self.root / f"grpo_stage{i}.json", {"run_name": f"g{i}"}) for i in (1, 2)]
+        self.sft_cfg = write_json(self.root / "sft.json", {"run": {"steps": 1}})
+        self.grpo_cfgs = [write_json(self.root / f"grpo_stage{i}.json", {"run": {"name": f"g{i}"}}) for i in (1, 2)]
         self.eval = write_json(self.root / "eval_grpo_greedy.json", {
             "split": "test", "history": "none", "temperature": 0.0, "wins": 3, "games": 10, "win_rate": 0.3,
             "win_rate_ci95": [0.1, 0.6], "format_error_rate": 0.0, "invalid_rate": 0.25})
@@ -61,7 +61,7 @@ class ShipAdapterTest(unittest.TestCase):
         recipe = self.out / "recipe"
         self.assertEqual(sorted(p.name for p in recipe.iterdir()), ["data.json", "grpo_1.json", "grpo_2.json",
                                                                     "sft.json"])
-        self.assertEqual(json.loads((recipe / "grpo_2.json").read_text())["run_name"], "g2")
+        self.assertEqual(json.loads((recipe / "grpo_2.json").read_text())["run"]["name"], "g2")
         seed = json.loads((self.out / "data_seed.json").read_text())
         self.assertEqual(seed["secrets"], {"train": ["cigar", "rebut"], "valid": ["sissy"]})
         self.assertEqual(seed["data_configs"], [{"out": "data", "seed": 3}])
@@ -73,12 +73,13 @@ class ShipAdapterTest(unittest.TestCase):
         """A pass run as `sft --config FILE --seed 2 ...` is recorded as FILE with the flags applied; a start
         adapter given relative to the working folder is recorded relative to the config's folder."""
         (self.root / "cfg").mkdir()
-        more = write_json(self.root / "cfg" / "more.json", {"steps": 120, "seed": 0, "run_name": "a"})
+        more = write_json(self.root / "cfg" / "more.json", {"run": {"steps": 120, "seed": 0, "name": "a"}})
         start = self.root / "logs" / "prev" / "adapters"
-        proc = self.ship("--sft-config", f"{more} --seed 2 --run-name b --start-adapter {start} --steps 240")
+        proc = self.ship("--sft-config", f"{more} --seed 2 --run-name b --adapter {start} --steps 240")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         recorded = json.loads((self.out / "recipe" / "sft_2.json").read_text())
-        self.assertEqual(recorded, {"steps": 240, "seed": 2, "run_name": "b", "start_adapter": "../logs/prev/adapters"})
+        self.assertEqual(recorded, {"run": {"steps": 240, "seed": 2, "name": "b"},
+                                    "model": {"adapter": "../logs/prev/adapters"}})
         proc = self.ship("--sft-config", f"{more} --lr 2")
         self.assertEqual(proc.returncode, 1)
         self.assertIn("unknown flag --lr", proc.stderr)

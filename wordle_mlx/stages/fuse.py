@@ -109,6 +109,29 @@ def max_difference(a, b) -> tuple[float, float]:
     return mx.abs(a - b).max().item(), mx.abs(a).max().item()
 
 
+def check_fused_logits(fused, reference, layers: int, requantized: bool, adapter_effect: float, rho: float,
+                       cfg: FuseConfig) -> tuple[float, float, float]:
+    """(max logit difference, logit scale, limit) of the saved fused model against base + adapter; over the limit
+    is a UserError. A re-quantized fuse rounds every adapted weight to 4 bits a second time: it passes only if it
+    keeps most of what the adapter does (an adapter's change smaller than the quantization step rounds away, and
+    the "fused" model then plays like the base)."""
+    diff, scale = max_difference(fused, reference)
+    if requantized:
+        limit = max(logits_limit(scale, layers, reference.dtype, 0.0, cfg.rtol, cfg.atol),
+                    REQUANTIZED_SHARE * adapter_effect)
+        if not diff <= limit:
+            raise UserError(f"fuse check failed: the re-quantized model's logits differ from base + adapter by "
+                            f"{diff:.3g}, more than {REQUANTIZED_SHARE:g} x the adapter's own effect "
+                            f"({adapter_effect:.3g}): re-quantizing loses the adapter; pass --dequantize to keep "
+                            "the fused weights in the float dtype; output removed")
+    else:
+        limit = logits_limit(scale, layers, reference.dtype, rho, cfg.rtol, cfg.atol)
+        if not diff <= limit:
+            raise UserError(f"fuse check failed: fused logits differ from the adapter model's by {diff:.3g} "
+                            f"(limit {limit:.3g}); output removed")
+    return diff, scale, limit
+
+
 def run(cfg: FuseConfig) -> dict:
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
@@ -162,23 +185,8 @@ def run(cfg: FuseConfig) -> dict:
         if not saved_diff <= saved_limit:
             raise UserError(f"fuse check failed: the saved model's logits differ from the fused model's in memory by "
                             f"{saved_diff:.3g} (limit {saved_limit:.3g}); output removed")
-        diff, scale = max_difference(fused, reference)
-        if requantized:
-            # a second 4-bit rounding of every adapted weight: it passes only if the fused model keeps most of
-            # what the adapter does (an adapter's change smaller than the quantization step rounds away, and
-            # the "fused" model then plays like the base)
-            limit = max(logits_limit(scale, len(model.layers), reference.dtype, 0.0, cfg.rtol, cfg.atol),
-                        REQUANTIZED_SHARE * adapter_effect)
-            if not diff <= limit:
-                raise UserError(f"fuse check failed: the re-quantized model's logits differ from base + adapter by "
-                                f"{diff:.3g}, more than {REQUANTIZED_SHARE:g} x the adapter's own effect "
-                                f"({adapter_effect:.3g}): re-quantizing loses the adapter; pass --dequantize to keep "
-                                "the fused weights in the float dtype; output removed")
-        else:
-            limit = logits_limit(scale, len(model.layers), reference.dtype, rho, cfg.rtol, cfg.atol)
-            if not diff <= limit:
-                raise UserError(f"fuse check failed: fused logits differ from the adapter model's by {diff:.3g} "
-                                f"(limit {limit:.3g}); output removed")
+        diff, scale, limit = check_fused_logits(fused, reference, len(model.layers), requantized, adapter_effect,
+                                                rho, cfg)
         if check_batch(fused_tok) != tokens:
             raise UserError("fuse check failed: the saved tokenizer/chat template renders prompts differently; output removed")
         if out.exists():

@@ -36,7 +36,7 @@ from ..llm.training.grpo_loss import LossSettings
 from ..llm.training.policy import load_policy, start_adapter
 from ..llm.training.trainer import Task, make_optimizer, train
 from .entropy import load_table
-from .grpo_config import GRPOConfig
+from .grpo_config import ROLLOUT_BATCH, GRPOConfig
 from .plan import warn_if_over_working_set
 
 
@@ -124,7 +124,7 @@ def grpo_task(cfg: GRPOConfig, player: grpo_step.Player, optimizer, prompt: Prom
 
     def rollout_config(temperature: float, seed: int) -> RolloutConfig:
         return RolloutConfig(temperature=temperature, max_tokens_per_turn=cfg.max_tokens, seed=seed, prompt=prompt,
-                             decode=mode)
+                             decode=mode, completion_batch_size=ROLLOUT_BATCH)
 
     def step(at: int) -> dict:
         specs = world.shard(prompts.draw(rl.batch_prompts))    # prompts rank, rank + size, ... of the batch

@@ -20,6 +20,9 @@ from ..game.seeding import HistoryPolicy
 from .train_config import COMMON_REMOVED, COMMON_RENAMED, ModelSection, OptimizerSection, RunSection, TrainConfig, ValidationSection
 
 
+ROLLOUT_BATCH = 64          # replies decoded together: a step's B x (G + 1) in one or two lockstep batches
+
+
 class RLSection(StrictModel):
     batch_prompts: int = Field(8, ge=1, description="B: boards (games) per step.")
     num_generations: int = Field(8, ge=2, description="G: replies sampled to each board, the group.")

@@ -32,10 +32,9 @@ from ..game.feedback import feedback
 from ..llm.model.models import BUILTIN_PREFIX, HF_REPO_PATTERN, metal_available, resolve_model
 from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages
 from ..llm.play.reply_grammar import effective_mode
-from ..llm.play.rollout import RolloutConfig
 from .choice import ChoiceConfig
 from .evaluate import EvalConfig
-from .grpo_config import GRPOConfig
+from .grpo_config import ROLLOUT_BATCH, GRPOConfig
 from .sft_config import SFTConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -206,7 +205,7 @@ def grpo_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.GRPONumbers, str]:
     states = 2 if cfg.optimizer.name == "adamw" else 1   # mlx's SGD keeps a velocity per weight, momentum or not
     numbers = mp.GRPONumbers(
         batch_prompts=rl.batch_prompts, generations=rl.num_generations + 1, prompt_tokens=prompt,
-        reply_tokens=cfg.max_tokens, completion_batch_size=RolloutConfig().completion_batch_size,
+        reply_tokens=cfg.max_tokens, completion_batch_size=ROLLOUT_BATCH,
         max_tokens_per_microbatch=rl.max_tokens_per_microbatch,
         max_loss_tokens_per_microbatch=rl.max_loss_tokens_per_microbatch, rank=rank, num_layers=num_layers,
         keys=tuple(keys) if keys else None, optimizer_states=states, grad_checkpoint=cfg.model.grad_checkpoint,

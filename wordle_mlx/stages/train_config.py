@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..config import MODEL_SPEC_HELP, StrictModel
+from ..errors import UserError
+from ..reporting import parse_report_to
 from ..llm.play.reply_grammar import DECODE_HELP, DecodeMode
 
 REPORT_TO_HELP = ("Also send the metrics to tensorboard and/or wandb (comma-separated, as mlx-lm's --report-to); "
@@ -65,6 +67,15 @@ class RunSection(StrictModel):
     overwrite: bool = Field(False, description="Replace an existing run folder of the same name.")
     progress: bool = Field(True, description="Show a progress bar.")
     report_to: str = Field("", description=REPORT_TO_HELP)
+
+    @field_validator("report_to")
+    @classmethod
+    def _check_report_to(cls, value: str) -> str:
+        """Known names whose package is installed, checked before a run touches its folder."""
+        try:
+            return ",".join(parse_report_to(value))
+        except UserError as exc:
+            raise ValueError(str(exc).removeprefix(f"--report-to ")) from None
 
 
 class ValidationSection(StrictModel):

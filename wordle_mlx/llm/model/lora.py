@@ -71,43 +71,6 @@ def apply_lora(model, num_layers: int, params: dict) -> int:
     return count
 
 
-def load_adapter_weights(model, folder: str | Path, scale: float | None = None) -> None:
-    """Set the LoRA weights of `model` (after `apply_lora`) from `folder`/adapters.safetensors; every tensor
-    in the file must match a LoRA parameter of the same shape, else a UserError names the first mismatch.
-    With `scale` (the model's LoRA scale), the adapter's `adapter_config.json`, when there is one, must name the
-    same `lora_parameters.scale`: the same weights under another scale are another function."""
-    path = Path(folder) / "adapters.safetensors"
-    if not path.is_file():
-        raise UserError(f"start_adapter {folder}: no adapters.safetensors there")
-    if scale is not None:
-        _check_scale(Path(folder) / ADAPTER_CONFIG, scale)
-    weights = mx.load(str(path))
-    ours = adapter_weights(model)
-    for name, value in weights.items():
-        if name not in ours or ours[name].shape != value.shape:
-            got = tuple(ours[name].shape) if name in ours else "no such LoRA parameter"
-            raise UserError(f"start_adapter {path}: {name} {tuple(value.shape)} does not fit this LoRA ({got}); "
-                            "lora.rank and lora.num_layers must match the adapter's")
-    if set(ours) - set(weights):
-        raise UserError(f"start_adapter {path}: missing {sorted(set(ours) - set(weights))[0]} "
-                        "(lora.num_layers or lora.keys differ from the adapter's)")
-    model.load_weights(list(weights.items()), strict=False)
-    lora_to_float32(model)       # an adapter saved in bfloat16 trains on in float32
-
-
-def _check_scale(config_path: Path, scale: float) -> None:
-    """UserError when the adapter config at `config_path` (if any) gives a LoRA scale other than `scale`."""
-    if not config_path.is_file():
-        return
-    try:
-        saved = json.loads(config_path.read_text())["lora_parameters"]["scale"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"start_adapter {config_path}: no readable lora_parameters.scale ({exc!r})") from None
-    if not isinstance(saved, (int, float)) or not math.isclose(float(saved), scale, rel_tol=1e-6):
-        raise UserError(f"start_adapter {config_path}: lora_parameters.scale is {saved!r} but lora.scale is {scale}; "
-                        "set lora.scale to the adapter's")
-
-
 def lora_to_float32(model) -> int:
     """Cast every LoRA weight (`lora_a`, `lora_b`) of `model` to float32, whatever the base weights' dtype;
     returns how many were cast. The base may be bfloat16 or quantized, but LoRA weights and so their gradients

@@ -409,6 +409,8 @@ class Stage(unittest.TestCase):
         state = mx.load(str(run_dir / "checkpoints" / "step_000001" / "optimizer.safetensors"))
         self.assertEqual({k.rsplit(".", 1)[1] for k in state if k != "step" and k != "learning_rate"}, {"v"})
         self.assertIsInstance(make_optimizer(cfg.optimizer, cfg.run.steps)[0], optim.SGD)
+        adamw = make_optimizer(stage_config(self.tmp.name).optimizer, 3)[0]     # no decay: the config has none
+        self.assertEqual((type(adamw), adamw.weight_decay), (optim.AdamW, 0.0))
 
     def test_old_fields_name_their_new_place_in_one_line(self):
         for data, message in (({"training": {"steps": 3}}, "training.steps is now run.steps"),

@@ -47,7 +47,6 @@ def trained_record(decode: str, trains_tags: bool, start: Path | None) -> dict:
 def load_policy(cfg, prompt: PromptConfig, decode: str, trains_tags: bool):
     """(model, tokenizer, adapter config, trainable parameter count) for a training run of `cfg`."""
     adapter = start_adapter(cfg)
-    mx.random.seed(cfg.run.seed)         # a fresh LoRA's random init depends only on the run seed
     model, tokenizer = load_model(cfg.model.name, adapter_path=adapter, dtype=cfg.model.dtype)
     if adapter is not None:
         acfg = json.loads((adapter / "adapter_config.json").read_text())
@@ -64,6 +63,7 @@ def load_policy(cfg, prompt: PromptConfig, decode: str, trains_tags: bool):
         lora_to_float32(model)           # an adapter saved in bfloat16 trains on in float32
     else:
         params = lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, None)
+        mx.random.seed(cfg.run.seed)     # a fresh LoRA's random init depends only on the run seed
         apply_lora(model, cfg.lora.num_layers, params)
         acfg = adapter_config(cfg.lora.num_layers, params, cfg.model.name)
     if cfg.lora.train_layers is not None:

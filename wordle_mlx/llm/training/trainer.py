@@ -55,7 +55,9 @@ def lr_schedule(opt, steps: int):
 def make_optimizer(opt, steps: int):
     """(optimizer, schedule) for the `optimizer` section of a run of `steps` steps."""
     schedule = lr_schedule(opt, steps)
-    return (optim.SGD if opt.name == "sgd" else optim.AdamW)(learning_rate=schedule), schedule
+    if opt.name == "sgd":
+        return optim.SGD(learning_rate=schedule), schedule
+    return optim.AdamW(learning_rate=schedule, weight_decay=0.0), schedule     # mlx's default decay is 0.01
 
 
 def apply_update(model, optimizer, grads, max_grad_norm: float, loss: float) -> tuple[float, bool]:

@@ -263,8 +263,8 @@ def plan_for(kind: str, dims: mp.ModelDims, numbers) -> mp.MemoryPlan:
 
 def with_batch(kind: str, numbers, n: int):
     """`numbers` with batch n: SFT's batch_size; GRPO's batch_prompts with all its replies decoded at once
-    (completion_batch_size = n x G; micro-batches cap the update, so batch_prompts alone would not raise the
-    peak); eval's and self-play's rows decoded or scored together."""
+    (n x (G + 1) rows, where a run decodes 64 at a time; micro-batches cap the update, so batch_prompts alone
+    would not raise the peak); eval's and self-play's rows decoded or scored together."""
     if kind == "sft":
         return dataclasses.replace(numbers, batch_size=n)
     if kind == "grpo":
@@ -318,7 +318,7 @@ def print_plan(r: dict) -> None:
     print(f"  {'peak':<12}{r['peak_gb']:8.2f} GB  {r['notes'].get('phase', '')}".rstrip())
     fits = ", ".join(str(s) for s in r["fits_mac_gb"]) or "none of " + ", ".join(str(s) for s in mp.MAC_SIZES_GB)
     print(f"fits Macs of {fits} GB (a working set of {mp.WORKING_SET_FRACTION:.0%} of memory)")
-    how = " with rl.completion_batch_size = batch_prompts x G" if r["stage"] == "grpo" else ""
+    how = " (its B x (G + 1) replies decoded in one batch)" if r["stage"] == "grpo" else ""
     print(f"largest {r['batch_field']}{how} within {r['budget_gb']:.1f} GB ({r['budget']}): {r['largest_batch']}")
 
 

@@ -143,12 +143,15 @@ def wait_for_metrics(run_dir: Path, proc: subprocess.Popen, limit: float = 300) 
     return time.monotonic()
 
 
-def wait_for_steps(run_dir: Path, kind: str, steps: int, proc: subprocess.Popen) -> None:
-    """Wait until the metrics file holds `steps` step records of `kind` (or the process has ended)."""
+def wait_for_steps(run_dir: Path, kind: str, steps: int, proc: subprocess.Popen, old_file: int | None) -> None:
+    """Wait until the new run's metrics file (not `old_file`, the inode of the run it overwrites) holds `steps`
+    step records of `kind` (or the process has ended)."""
     marker = f'"kind": "{kind}"'.encode()
     while proc.poll() is None:
         try:
-            logged = sum(marker in line for line in (run_dir / "metrics.jsonl").read_bytes().splitlines())
+            path = run_dir / "metrics.jsonl"
+            logged = -1 if path.stat().st_ino == old_file else sum(marker in line
+                                                                   for line in path.read_bytes().splitlines())
         except FileNotFoundError:
             logged = -1
         if logged >= steps:
@@ -163,10 +166,12 @@ def run_trial(ws: Path, stage: str, ref: Reference, rng: random.Random, use_hook
     if use_hook:
         env["WORDLE_MLX_FAULT"] = f"checkpoint-write:{rng.randint(1, n_checkpoints)}"
     trial = Trial(stage, env.get("WORDLE_MLX_FAULT", "timer"))
+    old = run_dir / "metrics.jsonl"
+    old_file = old.stat().st_ino if old.exists() else None
     proc = subprocess.Popen(cli_command() + [cmd, "--config", cfg_file, "--overwrite", "--no-progress"], cwd=ws,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if not use_hook:      # after a random number of logged steps, at a random moment of the next step
-        wait_for_steps(run_dir, kind, rng.randint(0, total_steps - 1), proc)
+        wait_for_steps(run_dir, kind, rng.randint(0, total_steps - 1), proc, old_file)
         try:
             proc.wait(timeout=rng.uniform(0, ref.train_seconds / total_steps))
         except subprocess.TimeoutExpired:

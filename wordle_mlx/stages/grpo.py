@@ -34,7 +34,7 @@ from ..llm.training import grpo_step, step_metrics
 from ..llm.training.distributed import init_world, interleave
 from ..llm.training.grpo_loss import LossSettings
 from ..llm.training.policy import load_policy, start_adapter
-from ..llm.training.trainer import Task, make_optimizer, train
+from ..llm.training.trainer import Task, make_optimizer, open_run, train
 from .entropy import load_table
 from .grpo_config import ROLLOUT_BATCH, GRPOConfig
 from .plan import warn_if_over_working_set
@@ -159,6 +159,7 @@ def grpo_task(cfg: GRPOConfig, player: grpo_step.Player, optimizer, prompt: Prom
 def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
     world.check_divisible(cfg.rl.batch_prompts, "rl.batch_prompts")
+    run_dir = open_run(cfg, world)          # a run folder in the way is refused before anything loads
     prompt = adapter_prompt(start_adapter(cfg)) or PromptConfig()    # the prompt the start adapter was trained on
     mode = effective_mode(cfg.decode, prompt, "decode" in cfg.model_fields_set)
     model, tokenizer, adapter_cfg, trainable = load_policy(cfg, prompt, mode, False)
@@ -170,4 +171,4 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
     task.saved_paths = {"model.adapter": start_adapter(cfg)}
     task.describe = (f"{cfg.rl.batch_prompts} boards x {cfg.rl.num_generations} replies a step in {mode} decoding, "
                      f"{trainable / 1e6:.2f}M trainable parameters")
-    return train(cfg, task, model, optimizer, schedule, adapter_cfg, world)
+    return train(cfg, task, run_dir, model, optimizer, schedule, adapter_cfg, world)

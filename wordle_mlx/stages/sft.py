@@ -32,7 +32,7 @@ from ..llm.play.rollout import GameSpec, RolloutConfig, play_games
 from ..llm.training.distributed import init_world, interleave
 from ..llm.training.policy import load_policy, start_adapter
 from ..llm.training.sft_loss import LetterLoss, SFTBatch, letter_loss, loss_sum, make_batch
-from ..llm.training.trainer import Task, apply_update, make_optimizer, train
+from ..llm.training.trainer import Task, apply_update, make_optimizer, open_run, train
 from .data import read_sft_jsonl
 from .plan import warn_if_over_working_set
 from .sft_config import SFTConfig
@@ -208,6 +208,7 @@ def sft_task(cfg: SFTConfig, model, tokenizer, optimizer, prompt: PromptConfig, 
 def run(cfg: SFTConfig) -> dict:
     world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
     world.check_divisible(cfg.data.batch_size, "data.batch_size")
+    run_dir = open_run(cfg, world)          # a run folder in the way is refused before anything loads
     data_dir, train_records, valid_records, prompt = load_data(cfg)
     model, tokenizer, adapter_cfg, trainable = load_policy(cfg, prompt, cfg.decode, cfg.train_tags)
     if world.is_main:
@@ -219,4 +220,4 @@ def run(cfg: SFTConfig) -> dict:
     task.saved_paths = {"data.folder": data_dir, "model.adapter": start_adapter(cfg)}
     task.describe = (f"{len(train_records)} examples in {len(batches[0])} batches, {trainable / 1e6:.2f}M "
                      "trainable parameters")
-    return train(cfg, task, model, optimizer, schedule, adapter_cfg, world)
+    return train(cfg, task, run_dir, model, optimizer, schedule, adapter_cfg, world)

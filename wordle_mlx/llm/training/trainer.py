@@ -1,6 +1,6 @@
 """The one training loop of `wordle-mlx sft` and `wordle-mlx train` (GRPO).
 
-`train(cfg, task, model, adapter_config, world)` owns everything the two stages share: the run folder and its
+`open_run(cfg, world)` and `train(cfg, task, run_dir, ...)` own everything the two stages share: the run folder and its
 config snapshot, resume and overwrite, the optimizer and its schedule (`make_optimizer`), the metrics file (and
 `run.report_to`'s TensorBoard or wandb), the progress bar, stop signals, checkpoints, non-finite steps,
 validation and the adapter it keeps, and the result. A stage supplies a `Task`: how one step computes its update
@@ -107,6 +107,12 @@ def prepare_run_dir(cfg, stage: str) -> Path:
     return run_dir             # made once the run has started (a failed start leaves no folder behind)
 
 
+def open_run(cfg, world: World) -> Path:
+    """The run folder every rank uses (`prepare_run_dir` on rank 0): called first, so a folder that is in the way
+    is refused before the model loads."""
+    return Path(world.broadcast_json(str(prepare_run_dir(cfg, cfg.STAGE)) if world.is_main else None))
+
+
 def saved_config(cfg, run_dir: Path, paths: dict) -> dict:
     """The config as the run folder keeps it: its paths relative to the run folder while both lie inside the
     working folder (what `--resume` resolves them against), and resume / overwrite off."""
@@ -130,10 +136,10 @@ def copy_adapter(source: Path, target: Path) -> None:
     tmp.rename(target)
 
 
-def train(cfg, task: Task, model, optimizer, schedule, adapter_cfg: dict, world: World) -> dict:
-    """Run `task` for cfg.run.steps steps in the run folder (see the module docstring); returns the result."""
+def train(cfg, task: Task, run_dir: Path, model, optimizer, schedule, adapter_cfg: dict, world: World) -> dict:
+    """Run `task` for cfg.run.steps steps in `run_dir` (from `open_run`; see the module docstring); returns the
+    result."""
     main, show, stage = world.is_main, cfg.run.progress and world.is_main, cfg.STAGE
-    run_dir = Path(world.broadcast_json(str(prepare_run_dir(cfg, stage)) if main else None))
     checkpoints, resume = run_dir / "checkpoints", cfg.run.resume is not None
     saved = saved_config(cfg, run_dir, task.saved_paths)
     loop = {"step": 0, "best_win_rate": None, "best_step": None, "nonfinite_in_row": 0, "nonfinite_total": 0}

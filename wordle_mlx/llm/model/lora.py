@@ -192,18 +192,15 @@ def prune_checkpoints(checkpoints: str | Path, keep: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
     for stale in checkpoints.glob(".step_*"):   # temp folders of writes killed midway (one writer per run)
         shutil.rmtree(stale, ignore_errors=True)
+    for stale in checkpoints.glob(f".{LATEST}.*"):   # the pointer's temp file, from a kill while it was written
+        stale.unlink(missing_ok=True)
 
 
 def latest_checkpoint(checkpoints: str | Path) -> Path | None:
-    """The newest complete checkpoint: the one `latest` names, else the highest complete step folder."""
-    checkpoints = Path(checkpoints)
-    pointer = checkpoints / LATEST
-    if pointer.is_file():
-        name = pointer.read_text(errors="replace").strip()
-        named = checkpoints / name
-        if name.startswith("step_") and "/" not in name and (named / TRAINER_STATE).is_file():
-            return named
-    done = sorted(p for p in checkpoints.glob("step_*") if (p / TRAINER_STATE).is_file())
+    """The newest complete checkpoint: the highest step folder with its trainer state (a folder is built beside
+    and renamed, so a complete one is whole). `latest` names it too, but a kill between the folder's rename and the
+    pointer's update leaves the pointer one checkpoint behind, so the folders decide."""
+    done = sorted(p for p in Path(checkpoints).glob("step_*") if (p / TRAINER_STATE).is_file())
     return done[-1] if done else None
 
 

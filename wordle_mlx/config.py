@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Type, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
 from .errors import UserError
 

@@ -75,7 +75,7 @@ class RunSection(StrictModel):
         try:
             return ",".join(parse_report_to(value))
         except UserError as exc:
-            raise ValueError(str(exc).removeprefix(f"--report-to ")) from None
+            raise ValueError(str(exc).removeprefix("--report-to ")) from None
 
 
 class ValidationSection(StrictModel):

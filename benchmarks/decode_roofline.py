@@ -3,10 +3,13 @@
 The shipped adapter replies greedily to the same letters-format boards (test words, 0-2 earlier guesses) at each
 batch size, in `free` decoding (mlx-lm's BatchGenerator: every step projects onto the 262k-token vocabulary and
 takes a log-softmax over it) and in `grammar` decoding (the tags forced, 5 letters picked on the 26 letter rows).
-The roofline is what the model's multiply-adds allow at the float32 matmul rate measured in the same run: the
-prompt tokens each call runs through the body, plus per decoded token the body and, in free decoding, the head
-(hidden x vocabulary), at that many GFLOP/s. Prints, per mode and batch, seconds, replies/s, decoded tokens/s
-and the roofline's replies/s; last line `grammar_speedup X.XX` at batch 32 (free seconds over grammar).
+The roofline is what the needed multiply-adds allow at the float32 matmul rate measured in the same run: the
+prompt tokens that must run through the body (the shared start once, each distinct prompt's rest once, no
+padding), then in free decoding every decoded token through the body and the head (hidden x vocabulary), in
+grammar decoding the 4 letters that feed the next one (and any forced separator) through the body and the 5
+letters' 26 head rows, at that many GFLOP/s. Prints, per mode and batch, seconds, replies/s, decoded tokens/s
+and the roofline's replies/s; then `grammar_speedup X.XX` at batch 32 (free seconds over grammar) and last
+`roofline_fraction X.XX`, grammar decoding's replies/s over its roofline's at batch 64.
 Usage: python benchmarks/decode_roofline.py [--adapter adapters/gemma-3-270m-wordle] [--batches 1 8 32 64]
 """
 
@@ -83,7 +86,7 @@ def main() -> None:
           f"(hidden {hidden} x vocabulary {vocab}); float32 matmul measured {gflops:.0f} GFLOP/s "
           f"(512 x {hidden} x {4 * hidden})")
     print(f"{'mode':8s} {'batch':>5s} {'seconds':>8s} {'replies/s':>10s} {'tokens/s':>9s} {'roofline replies/s':>19s}")
-    seconds = {}
+    seconds, fraction = {}, {}
     greedy = SamplingConfig(temperature=0.0, max_tokens_per_turn=cfg.max_tokens_per_turn)
     for mode in ("free", "grammar"):
         generate = BatchedGenerator(model, tokenizer, mode=mode)
@@ -96,13 +99,19 @@ def main() -> None:
             s = time.perf_counter() - start
             prefilled = generate.prefilled_tokens - before
             decoded = sum(len(r.tokens) if r.choice is None else sum(r.choice) for r in replies)
-            flops = 2 * (prefilled * body_macs + decoded * body_macs + (decoded * head_macs if mode == "free" else
-                                                                          decoded * 26 * hidden))
+            if mode == "free":
+                flops = 2 * (prefilled + decoded) * body_macs + 2 * decoded * head_macs
+            else:   # the 5th letter feeds nothing; a letter and its forced separator run as one step
+                stepped = len(replies) * 4 * (1 + len(generate.grammar.sep))
+                flops = 2 * (prefilled + stepped) * body_macs + 2 * decoded * 26 * hidden
             roof = b / (flops / (gflops * 1e9))
             seconds[(mode, b)] = s
+            fraction[(mode, b)] = (b / s) / roof
             print(f"{mode:8s} {b:5d} {s:8.2f} {b / s:10.2f} {decoded / s:9.1f} {roof:19.2f}")
     if (("free", 32) in seconds) and (("grammar", 32) in seconds):
         print(f"grammar_speedup {seconds[('free', 32)] / seconds[('grammar', 32)]:.2f}")
+    if ("grammar", 64) in fraction:
+        print(f"roofline_fraction {fraction[('grammar', 64)]:.2f}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from ..game.seeding import HistoryPolicy
 from .train_config import COMMON_REMOVED, COMMON_RENAMED, ModelSection, OptimizerSection, RunSection, TrainConfig, ValidationSection
 
 
-ROLLOUT_BATCH = 64          # replies decoded together: a step's B x (G + 1) in one or two lockstep batches
+ROLLOUT_BATCH = 128         # replies decoded together: the recipe step's 8 x (8 + 1) in one lockstep batch
 
 
 class RLSection(StrictModel):
@@ -96,7 +96,7 @@ class GRPOConfig(TrainConfig):
         "rl.turn_continue": "the game goes on with the greedy reply",
         "rl.train_greedy": "the greedy reply always joins its group",
         "rl.max_invalid_replies": "a game ends at the third invalid reply, as in eval",
-        "rl.completion_batch_size": "a step's replies decode in batches of 64",
+        "rl.completion_batch_size": "a step's replies decode in batches of 128",
         "rl.prompt": "GRPO plays the prompt model.adapter records (the default prompt without one)",
         "grpo.advantage": "advantages are (r - mean) / std in a group",
         "validation.keep": "validation keeps the best adapter",

@@ -83,6 +83,19 @@ def hidden_at(model, inputs: mx.array, positions: mx.array, prefix: mx.array | N
     return hidden.reshape(-1, hidden.shape[-1])[positions]
 
 
+def multi_prefix_logits(model, prefixes: mx.array, lengths: mx.array, rows: mx.array, continuations: mx.array,
+                        positions: mx.array, token_ids: mx.array | None = None) -> mx.array:
+    """`shared_prefix_logits` for several prompts at once: `prefixes` (P, Lp) right-padded, `lengths` (P,) their
+    real lengths, and row b of `continuations` continues prompt `rows[b]`. The prompts run through the model once,
+    together; each row attends to its own prompt's real positions and its own tokens. Gemma 3 text models only."""
+    if not has_split_head(model):
+        raise ValueError("multi_prefix_logits needs a gemma3_text model")
+    _, prefix_kv = body_hidden(model, prefixes, keep_kv=True)
+    hidden, _ = body_hidden(model, continuations, prefix_kv, prefix_rows=rows, prefix_lengths=lengths[rows])
+    hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
+    return project(model, hidden, token_ids)
+
+
 def choice_logprobs(logits: mx.array, index: mx.array, allowed: mx.array | None, temperature: float) -> mx.array:
     """log_softmax(logits / T) over the allowed tokens, at `index` (logits (M, K) over the choice tokens,
     index (M,), allowed (M, K) bool or None = all), in float32: grammar decoding's policy, for training."""
@@ -106,9 +119,10 @@ class _BlockKV:
     made afresh inside every call, so a call that gradient checkpointing runs twice sees the same inputs twice
     (a cache that grows on each call would see its own output the second time)."""
 
-    def __init__(self, prefix: tuple[mx.array, mx.array] | None = None):
-        self.prefix = prefix
-        self.offset = 0 if prefix is None else prefix[0].shape[2]
+    def __init__(self, prefix: tuple[mx.array, mx.array] | None = None, rows: mx.array | None = None,
+                 offset: mx.array | None = None):
+        self.prefix, self.rows = prefix, rows
+        self.offset = offset if rows is not None else 0 if prefix is None else prefix[0].shape[2]
         self.keys = self.values = None
 
     def update_and_fetch(self, keys, values):
@@ -116,9 +130,12 @@ class _BlockKV:
         if self.prefix is None:
             return keys, values
         pk, pv = self.prefix
-        keys = mx.concatenate([mx.broadcast_to(pk, (keys.shape[0],) + pk.shape[1:]), keys], axis=2)
-        values = mx.concatenate([mx.broadcast_to(pv, (values.shape[0],) + pv.shape[1:]), values], axis=2)
-        return keys, values
+        if self.rows is not None:         # several prompts: each row's own (its padding is masked out)
+            pk, pv = pk[self.rows], pv[self.rows]
+        else:
+            pk = mx.broadcast_to(pk, (keys.shape[0],) + pk.shape[1:])
+            pv = mx.broadcast_to(pv, (values.shape[0],) + pv.shape[1:])
+        return mx.concatenate([pk, keys], axis=2), mx.concatenate([pv, values], axis=2)
 
 
 def _attention_mask(n: int, offset: int, window_size: int | None):
@@ -127,6 +144,22 @@ def _attention_mask(n: int, offset: int, window_size: int | None):
     if offset == 0 and (window_size is None or n <= window_size):
         return "causal"
     return create_causal_mask(n, offset, window_size=window_size)
+
+
+def _rows_mask(width: int, lengths: mx.array, n: int, window_size: int | None) -> mx.array:
+    """(B, 1, n, width + n) attention mask of `n` new positions per row after a right-padded prompt of `width`
+    slots whose first `lengths[b]` are real: prompt keys up to the row's length, then causal over its own tokens,
+    limited to `window_size` positions back."""
+    key_pos = mx.concatenate([mx.broadcast_to(mx.arange(width)[None], (lengths.shape[0], width)),
+                              lengths[:, None] + mx.arange(n)[None]], axis=1)           # (B, width + n)
+    valid = mx.concatenate([mx.arange(width)[None] < lengths[:, None],
+                            mx.ones((lengths.shape[0], n), dtype=mx.bool_)], axis=1)
+    query_pos = lengths[:, None] + mx.arange(n)[None]                                   # (B, n)
+    k, q = key_pos[:, None, None, :], query_pos[:, None, :, None]
+    mask = valid[:, None, None, :] & (k <= q)
+    if window_size is not None:
+        mask = mask & (q - k < window_size)
+    return mask
 
 
 def set_grad_checkpoint(model, on: bool = True) -> None:
@@ -141,8 +174,8 @@ def set_grad_checkpoint(model, on: bool = True) -> None:
         grad_checkpoint(model.layers[0])
 
 
-def _block_call(layer, h, mask, prefix, keep_kv: bool):
-    kv = _BlockKV(prefix)
+def _block_call(layer, h, mask, prefix, keep_kv: bool, rows=None, offset=None):
+    kv = _BlockKV(prefix, rows, offset)
     out = layer(h, mask, kv)
     return (out, kv.keys, kv.values) if keep_kv else (out,)
 
@@ -176,19 +209,26 @@ def _with_dropout_key(layer, key: mx.array, fn, *args):
             m.dropout = d
 
 
-def body_hidden(model, inputs: mx.array, prefix_kv: list | None = None, keep_kv: bool = False):
+def body_hidden(model, inputs: mx.array, prefix_kv: list | None = None, keep_kv: bool = False,
+                prefix_rows: mx.array | None = None, prefix_lengths: mx.array | None = None):
     """(final-normed hidden states (B, L, hidden), per-block (keys, values) of `inputs` if `keep_kv`) of a
     Gemma 3 text body, the same computation as `Gemma3Model.__call__`; with `prefix_kv` (from an earlier call
-    with `keep_kv`, batch 1), every row of `inputs` continues that prefix. Blocks are checkpointed when
-    `set_grad_checkpoint` asked for it."""
+    with `keep_kv`, batch 1), every row of `inputs` continues that prefix. With `prefix_rows` (B,), `prefix_kv`
+    holds several right-padded prefixes (P rows) and row b continues prefix `prefix_rows[b]`, whose first
+    `prefix_lengths[b]` positions are real. Blocks are checkpointed when `set_grad_checkpoint` asked for it."""
     body = text_model(model).model
     checkpoint = getattr(body, "wordle_grad_checkpoint", False)
     h = body.embed_tokens(inputs)
     h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
-    offset = 0 if prefix_kv is None else prefix_kv[0][0].shape[2]
     pattern = body.sliding_window_pattern
-    global_mask = _attention_mask(inputs.shape[1], offset, None)
-    sliding_mask = _attention_mask(inputs.shape[1], offset, body.window_size) if pattern > 1 else None
+    if prefix_rows is not None:
+        offset = prefix_lengths
+        global_mask = _rows_mask(prefix_kv[0][0].shape[2], prefix_lengths, inputs.shape[1], None)
+        sliding_mask = _rows_mask(prefix_kv[0][0].shape[2], prefix_lengths, inputs.shape[1], body.window_size)
+    else:
+        offset = 0 if prefix_kv is None else prefix_kv[0][0].shape[2]
+        global_mask = _attention_mask(inputs.shape[1], offset, None)
+        sliding_mask = _attention_mask(inputs.shape[1], offset, body.window_size) if pattern > 1 else None
     kvs = []
     for i, layer in enumerate(body.layers):
         mask = global_mask if i % pattern == pattern - 1 else sliding_mask
@@ -196,10 +236,10 @@ def body_hidden(model, inputs: mx.array, prefix_kv: list | None = None, keep_kv:
         key = mx.random.randint(0, 2 ** 31 - 1, (2,)).astype(mx.uint32)   # this block's dropout masks
         if checkpoint:
             block = nn.utils.checkpoint(layer, lambda x, key, *pkv, layer=layer, mask=mask: _with_dropout_key(
-                layer, key, _block_call, layer, x, mask, pkv or None, keep_kv))
+                layer, key, _block_call, layer, x, mask, pkv or None, keep_kv, prefix_rows, offset))
             out = block(h, key, *(prefix or ()))
         else:
-            out = _with_dropout_key(layer, key, _block_call, layer, h, mask, prefix, keep_kv)
+            out = _with_dropout_key(layer, key, _block_call, layer, h, mask, prefix, keep_kv, prefix_rows, offset)
         h = out[0]
         if keep_kv:
             kvs.append(tuple(out[1:]))

@@ -18,8 +18,9 @@ min-p filter uses `inverse_cdf_sampler` on CPU: the same categorical distributio
 (a cumulative sum in float64 and one MLX-seeded uniform per row), cheaper over Gemma's 262k-token
 vocabulary, where MLX draws noise for every entry (`benchmarks/sampler.py` compares the two). With
 `mode="grammar"` or `"words"` (reply_grammar.py) BatchGenerator is not used: the letters-format reply's tags are
-forced and its 5 letters are picked on the 26 letter rows by `letter_decoder.decode_letters`; a `Completion` then
-marks which tokens were chosen (`choice`) and gives forced tokens log-prob 0; in words decoding `excluded` names
+forced and its 5 letters are picked on the 26 letter rows by `letter_decoder.decode_letters` (top-p, top-k and
+min-p are free decoding's only); a `Completion` then marks which tokens were chosen (`choice`) and gives forced
+tokens log-prob 0; in words decoding `excluded` names
 each prompt's board words, which are never spelled again. Any callable with the `GenerateFn`
 signature can stand in for the model (tests use scripted ones).
 """
@@ -38,8 +39,9 @@ from mlx_lm.sample_utils import make_sampler
 from pydantic import Field
 
 from ...config import StrictModel
-from .letter_decoder import decode_letters
-from .reply_grammar import LETTERS, LetterGrammar, WordTrie
+from ...errors import UserError
+from .letter_decoder import LetterPolicy, decode_letters
+from .reply_grammar import LetterGrammar, WordTrie
 from .tokens import common_prefix_length, end_token_ids, reply_end_id
 
 STOP_TEXTS = ("</guess>",)
@@ -267,31 +269,19 @@ class BatchedGenerator:
         letters; in words mode letters that continue no allowed word off the row's board are never allowed."""
         g = self.grammar
         temperature = policy_logprob_temperature(cfg)
-        sampler = make_sampler_for(cfg) if cfg.temperature > 0 else None
+        sampled = cfg.temperature > 0
+        if sampled and (cfg.top_p < 1.0 or cfg.top_k > 0 or cfg.min_p > 0.0):
+            raise UserError(f"top_p, top_k and min_p apply to free decoding only; {self.mode} decoding samples the "
+                            f"letters from the whole renormalised distribution (got top_p {cfg.top_p}, top_k "
+                            f"{cfg.top_k}, min_p {cfg.min_p})")
         greedy_rows = np.array([bool(x) for x in greedy] if greedy is not None else [False] * len(prompts))
-        if sampler is None:
+        if not sampled:
             greedy_rows[:] = True
-        at_temperature = np.where(greedy_rows & (sampler is not None) & (not greedy_logprobs_at_temperature),
-                                  1.0, temperature)
-
-        def pick(logits, written, rows):
-            if self.trie is not None:
-                allowed = np.array([self.trie.allowed("".join(LETTERS[i] for i in w),
-                                                      excluded[r] if excluded is not None else ())
-                                    for w, r in zip(written, rows)])
-                logits = mx.where(mx.array(allowed), logits, -mx.inf)
-            rows = np.asarray(rows)
-            chosen = np.asarray(mx.argmax(logits, axis=-1)).astype(np.int64)
-            if sampler is not None and not greedy_rows[rows].all():
-                drawn = np.asarray(sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))).astype(np.int64)
-                chosen = np.where(greedy_rows[rows], chosen, drawn)
-            scaled = logits / mx.array(at_temperature[rows].astype(np.float32))[:, None]
-            values = mx.take_along_axis(scaled, mx.array(chosen)[:, None], axis=-1)[:, 0] - \
-                mx.logsumexp(scaled, axis=-1)
-            return chosen.tolist(), values.tolist()
-
+        at_temperature = np.where(greedy_rows & sampled & (not greedy_logprobs_at_temperature), 1.0, temperature)
+        policy = LetterPolicy(cfg.temperature if sampled else 0.0, greedy_rows, at_temperature.astype(np.float32),
+                              self.trie, excluded)
         lead = [p + g.open + g.sep for p in prompts]
-        letters, logprobs, ran = decode_letters(self.model, g, lead, pick, cfg.completion_batch_size)
+        letters, logprobs, ran = decode_letters(self.model, g, lead, policy, cfg.completion_batch_size)
         self.prefilled_tokens += ran
         out = []
         for word, lps in zip(letters, logprobs):

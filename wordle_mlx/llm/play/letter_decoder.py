@@ -1,75 +1,132 @@
 """Lockstep decoding of letters-format replies: the prompts run once, then 5 letters are picked on 26 rows.
 
 In grammar and words decoding (reply_grammar.py) every reply has the same shape, so all rows decode in lockstep
-and nothing needs continuous batching. `decode_letters(model, grammar, prompts, pick, batch_size)`:
+and nothing needs continuous batching. `decode_letters(model, grammar, prompts, policy, batch_size)`:
 1. the longest start shared by every prompt (the system prompt) runs through the model once, at batch 1;
-2. each distinct prompt's remainder (the board, then the forced opening tag) runs once, right-padded, attending
-   to that shared start's keys and values (`logits.body_hidden`, as training's shared-prefix path); rows that
-   repeat a prompt (G samples of one board) share its keys and values;
-3. at each letter, the final hidden state of each row is multiplied by the 26 letter rows of the output
-   projection only, `pick(logits (B, 26), letters so far)` chooses the letters and their log-probs (greedy,
-   sampling, the words mask: generation.py), and the chosen letters (and any forced separator) run through the
-   model as one more position per row, with per-row positions (RoPE offsets) and a mask that hides the padding.
+2. each distinct prompt's remainder (the board, then the forced opening tag) runs once, attending to that shared
+   start's keys and values (`logits.body_hidden`, as training's shared-prefix path). The remainders are sorted by
+   length and run in groups of similar length (`PREFILL_TOKENS` padded tokens a forward), so little padding
+   runs; rows that repeat a prompt (G samples of one board) share its keys and values;
+3. each block gets one key/value buffer for all rows: the shared start, the row's prompt remainder, and a free
+   slot for each letter to come;
+4. at each letter, the final hidden state of each row is multiplied by the 26 letter rows of the output
+   projection only. The policy (`LetterPolicy`) masks the letters (grammar: none; words: the letters that continue
+   an allowed word off the row's board, from `WordTrie.table()` on the device), picks them (greedy, or sampled by
+   inverse CDF from one uniform a row) and scores them, all on the device; the chosen letters (and any forced
+   separator) run through the model as one more position per row, with per-row positions (RoPE offsets), writing
+   their keys and values into the buffers' next slot. One evaluation a letter, and no per-row Python.
 Four such steps after the prompt give the 5 letters. Gemma 3 text models only (`logits.has_split_head`); the
-result is the full model's distribution at each letter, renormalised over the letters (tests/test_grammar.py).
+result is the full model's distribution at each letter, renormalised over the allowed letters (tests/test_grammar.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Collection, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from ..model.logits import body_hidden, head_rows, text_model
-from .reply_grammar import LetterGrammar
+from .reply_grammar import LetterGrammar, WordTrie
 from .tokens import common_prefix_length
 
-Pick = Callable[[mx.array, list[list[int]], list[int]], tuple[list[int], list[float]]]
+PREFILL_TOKENS = 2048      # padded prompt tokens a prefill forward runs (a group of remainders of similar length)
+GROUP_SPREAD = 1.25        # a prefill group's longest remainder is at most this times its shortest
 
 
-class _StepKV:
-    """The keys/values one block sees in a decoding step: everything before this step (given), then this
-    step's own, which it keeps. `offset` holds each row's position of the step's first token (RoPE)."""
+@dataclass
+class LetterPolicy:
+    """How letters are picked for each of N prompts: greedily where `greedy`, else sampled from
+    softmax(logits / temperature) over the allowed letters; each pick's log-prob is recorded at
+    `logprob_temperature`. With a `trie` (words decoding) only letters that continue one of its words are
+    allowed, and never into a word in `excluded` (each prompt's words on the board)."""
+    temperature: float
+    greedy: np.ndarray                    # (N,) bool
+    logprob_temperature: np.ndarray       # (N,) float32
+    trie: WordTrie | None = None
+    excluded: Sequence[Collection[str]] | None = None
 
-    def __init__(self, past: list[tuple[mx.array, mx.array]], offset: mx.array):
-        self.past, self.offset = past, offset
-        self.keys = self.values = None
+
+class _SlotKV:
+    """The keys/values one block sees in a decoding step: its buffer (B, kv heads, T, d), into whose `slot` the
+    step writes its own. `offset` holds each row's position of the step's first token (RoPE)."""
+
+    def __init__(self, buffer: list[mx.array], slot: int, offset: mx.array):
+        self.buffer, self.slot, self.offset = buffer, slot, offset
 
     def update_and_fetch(self, keys, values):
-        self.keys, self.values = keys, values
-        return (mx.concatenate([k for k, _ in self.past] + [keys], axis=2),
-                mx.concatenate([v for _, v in self.past] + [values], axis=2))
+        k, v = self.buffer
+        k[..., self.slot:self.slot + keys.shape[2], :] = keys
+        v[..., self.slot:self.slot + values.shape[2], :] = values
+        self.buffer[0], self.buffer[1] = k, v
+        return k, v
 
 
-def _step(model, inputs: mx.array, past: list[list[tuple[mx.array, mx.array]]], key_pos: mx.array,
-          query_pos: mx.array) -> tuple[mx.array, list[tuple[mx.array, mx.array]]]:
-    """Run `inputs` (B, Lq) at positions `query_pos` (B, Lq) after the keys in `past` (per block, a list of (B, kvh,
-    T, d) parts) whose positions are `key_pos` (B, T; -1 = padding, never attended). Returns the final-normed hidden
-    state of each row's last position and the step's own keys/values per block."""
+def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.array, query_pos: mx.array,
+          slot: int) -> mx.array:
+    """Run `inputs` (B, Lq) at positions `query_pos` (B, Lq), writing their keys/values at `slot` of each block's
+    buffer; `key_pos` (B, T) is the position of every buffer slot (-1: padding or not yet written, never attended).
+    Returns the final-normed hidden state of each row's last position."""
     body = text_model(model).model
     h = body.embed_tokens(inputs)
     h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
-    keys = mx.concatenate([key_pos, query_pos], axis=1)[:, None, None, :]            # (B, 1, 1, T + Lq)
-    valid = keys >= 0
+    keys = key_pos[:, None, None, :]                                                  # (B, 1, 1, T)
     q = query_pos[:, None, :, None]                                                  # (B, 1, Lq, 1)
-    causal = valid & (keys <= q)
+    causal = (keys >= 0) & (keys <= q)
     sliding = causal & (q - keys < body.window_size)
     pattern = body.sliding_window_pattern
-    own = []
     for i, layer in enumerate(body.layers):
-        kv = _StepKV(past[i], query_pos[:, 0])
-        h = layer(h, causal if i % pattern == pattern - 1 else sliding, kv)
-        own.append((kv.keys, kv.values))
-    return body.norm(h[:, -1, :]), own
+        h = layer(h, causal if i % pattern == pattern - 1 else sliding, _SlotKV(buffers[i], slot, query_pos[:, 0]))
+    return body.norm(h[:, -1, :])
 
 
-def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int]], pick: Pick,
+class _Picker:
+    """A chunk's letter picks on the device (see LetterPolicy); in words decoding it walks each row's trie node."""
+
+    def __init__(self, policy: LetterPolicy, rows: np.ndarray, words: tuple[mx.array, mx.array] | None):
+        self.temperature = policy.temperature
+        self.greedy = policy.greedy[rows]
+        self.greedy_mx = mx.array(self.greedy)
+        self.at = mx.array(policy.logprob_temperature[rows].astype(np.float32))[:, None]
+        self.words = words
+        if words is not None:
+            boards = [policy.excluded[r] if policy.excluded is not None else () for r in rows]
+            width = max([len(set(b)) for b in boards] + [1])
+            paths = np.full((len(rows), width, 6), -1, dtype=np.int32)
+            for j, board in enumerate(boards):
+                for e, word in enumerate(sorted(set(board))):
+                    paths[j, e] = policy.trie.path(word)
+            self.paths = mx.array(paths)
+            self.node = mx.zeros((len(rows),), dtype=mx.int32)
+
+    def __call__(self, logits: mx.array, t: int) -> tuple[mx.array, mx.array]:
+        """(letter index (B,), its log-prob (B,)) at letter `t` from the (B, 26) float32 logits."""
+        if self.words is not None:
+            child, count = self.words
+            cand = child[self.node]                                                   # (B, 26) next nodes
+            gone = (self.paths[:, :, t + 1, None] == cand[:, None, :]).sum(axis=1)    # board words under each
+            allowed = (cand >= 0) & (count[mx.maximum(cand, 0)] > gone)
+            logits = mx.where(allowed, logits, -mx.inf)
+        chosen = mx.argmax(logits, axis=-1)
+        if self.temperature > 0 and not self.greedy.all():
+            u = mx.random.uniform(shape=(logits.shape[0], 1))
+            x = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)) / self.temperature
+            cdf = mx.cumsum(mx.exp(x - x.max(axis=-1, keepdims=True)), axis=-1)
+            drawn = mx.minimum((cdf < u * cdf[:, -1:]).sum(axis=-1), logits.shape[-1] - 1)
+            chosen = mx.where(self.greedy_mx, chosen, drawn)
+        chosen = chosen.astype(mx.int32)
+        scaled = logits / self.at
+        value = mx.take_along_axis(scaled, chosen[:, None], axis=-1)[:, 0] - mx.logsumexp(scaled, axis=-1)
+        if self.words is not None:
+            self.node = mx.take_along_axis(cand, chosen[:, None], axis=-1)[:, 0]
+        return chosen, value
+
+
+def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int]], policy: LetterPolicy,
                    batch_size: int = 64) -> tuple[list[list[int]], list[list[float]], int]:
     """(letter indices, their log-probs, prompt tokens run through the model) for each prompt, which must already
-    end with the reply's forced opening (`grammar.open + grammar.sep`). `pick(logits, letters, rows)` gets the
-    (B, 26) letter logits of the rows `rows` (indices into `prompts`) and their letters so far, and returns one
-    letter index and one log-prob per row."""
+    end with the reply's forced opening (`grammar.open + grammar.sep`); at most `batch_size` rows decode at once."""
     prompts = [list(p) for p in prompts]
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
     shared = min(common_prefix_length(distinct), min(len(p) for p in distinct) - 1)
@@ -78,61 +135,92 @@ def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int
     if shared:
         _, prefix_kv = body_hidden(model, mx.array(distinct[0][:shared])[None], keep_kv=True)
         mx.eval(prefix_kv)
-    rows_of_prompt: dict[tuple, list[int]] = {}
-    for i, p in enumerate(prompts):
-        rows_of_prompt.setdefault(tuple(p), []).append(i)
-    order = [i for p in distinct for i in rows_of_prompt[p]]       # rows of one prompt side by side
-    letters: list[list[int]] = [[] for _ in prompts]
-    logprobs: list[list[float]] = [[] for _ in prompts]
+    first = {p: j for j, p in enumerate(distinct)}
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), first[tuple(prompts[i])]))
+    words = None
+    if policy.trie is not None:
+        child, count = policy.trie.table()
+        words = (mx.array(child), mx.array(count))
     rows_w = head_rows(model, mx.array(grammar.letter_ids)).T
+    letters = np.zeros((len(prompts), 5), dtype=np.int64)
+    logprobs = np.zeros((len(prompts), 5), dtype=np.float32)
     for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        ran += _decode_chunk(model, grammar, [prompts[i] for i in rows], rows, shared, prefix_kv, rows_w, pick,
-                             letters, logprobs)
-    return letters, logprobs, ran
+        rows = np.array(order[start:start + batch_size])
+        chosen, values, n = _decode_chunk(model, grammar, [prompts[i] for i in rows], shared, prefix_kv, rows_w,
+                                          _Picker(policy, rows, words))
+        letters[rows], logprobs[rows] = chosen, values
+        ran += n
+    return letters.tolist(), logprobs.tolist(), ran
 
 
-def _decode_chunk(model, grammar, prompts, rows, shared, prefix_kv, rows_w, pick, letters, logprobs) -> int:
-    """Decode one chunk of rows (see decode_letters); returns the prompt tokens it ran."""
+def _prefill_groups(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """Consecutive (start, stop) groups of ascending `lengths`: a group ends before a length more than
+    `GROUP_SPREAD` times its first (so padding stays small) or before its padded size (count x longest) would pass
+    `budget` (a group always takes at least one)."""
+    groups, start = [], 0
+    for i in range(1, len(lengths) + 1):
+        if i == len(lengths) or (i + 1 - start) * lengths[i] > budget or lengths[i] > GROUP_SPREAD * lengths[start]:
+            groups.append((start, i))
+            start = i
+    return groups
+
+
+def _decode_chunk(model, grammar, prompts, shared, prefix_kv, rows_w, pick: _Picker):
+    """Decode one chunk of rows, sorted by prompt length (see decode_letters): (letters (B, 5), log-probs (B, 5),
+    prompt tokens run)."""
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
-    row_prompt = [distinct.index(tuple(p)) for p in prompts]      # each row's distinct prompt
-    which = mx.array(row_prompt)
-    lengths = [len(p) - shared for p in distinct]
-    width = max(lengths)
-    rest = np.zeros((len(distinct), width), dtype=np.int32)
-    for j, p in enumerate(distinct):
-        rest[j, :lengths[j]] = p[shared:]
-    hidden, rest_kv = body_hidden(model, mx.array(rest), prefix_kv, keep_kv=True)
-    last = hidden[mx.arange(len(distinct)), mx.array(lengths) - 1]
-    # per block: the shared start (broadcast), then each row's own prompt remainder
-    b = len(prompts)
-    past = []
-    for i, (k, v) in enumerate(rest_kv):
-        parts = [(k[which], v[which])]
+    index = {p: j for j, p in enumerate(distinct)}
+    which = mx.array([index[tuple(p)] for p in prompts])
+    lengths = np.array([len(p) - shared for p in distinct])
+    width, b = int(lengths.max()), len(prompts)
+    last, parts = [], []
+    for lo, hi in _prefill_groups(lengths, PREFILL_TOKENS):
+        w = int(lengths[lo:hi].max())
+        rest = np.zeros((hi - lo, w), dtype=np.int32)
+        for j in range(lo, hi):
+            rest[j - lo, :lengths[j]] = distinct[j][shared:]
+        hidden, kv = body_hidden(model, mx.array(rest), prefix_kv, keep_kv=True)
+        last.append(hidden[mx.arange(hi - lo), mx.array(lengths[lo:hi] - 1)])
+        pad = [(0, 0), (0, 0), (0, width - w), (0, 0)]
+        parts.append([(mx.pad(k, pad), mx.pad(v, pad)) for k, v in kv])
+        mx.eval(last[-1], parts[-1])
+    step_len = 1 + len(grammar.sep)
+    free = 4 * step_len                                  # a slot for each letter but the last, and its separator
+    buffers = []
+    for i in range(len(parts[0])):
+        k = mx.concatenate([p[i][0] for p in parts], axis=0)[which]
+        v = mx.concatenate([p[i][1] for p in parts], axis=0)[which]
+        empty = mx.zeros(k.shape[:2] + (free,) + k.shape[3:], dtype=k.dtype)
         if prefix_kv is not None:
             pk, pv = prefix_kv[i]
-            parts.insert(0, (mx.broadcast_to(pk, (b,) + pk.shape[1:]), mx.broadcast_to(pv, (b,) + pv.shape[1:])))
-        past.append(parts)
-    n = np.array([lengths[j] for j in row_prompt])
-    key_pos = np.concatenate([np.tile(np.arange(shared), (b, 1)),
-                              np.where(np.arange(width)[None] < n[:, None], shared + np.arange(width)[None], -1)],
-                             axis=1).astype(np.int32)
-    next_pos = shared + n
-    h = last[which]
-    step_len = 1 + len(grammar.sep)
+            k = mx.concatenate([mx.broadcast_to(pk, (b,) + pk.shape[1:]), k, empty], axis=2)
+            v = mx.concatenate([mx.broadcast_to(pv, (b,) + pv.shape[1:]), v, empty], axis=2)
+        else:
+            k, v = mx.concatenate([k, empty], axis=2), mx.concatenate([v, empty], axis=2)
+        buffers.append([k, v])
+    n = lengths[np.array([index[tuple(p)] for p in prompts])]
+    key_pos = np.full((b, shared + width + free), -1, dtype=np.int32)
+    key_pos[:, :shared] = np.arange(shared)
+    key_pos[:, shared:shared + width] = np.where(np.arange(width)[None] < n[:, None], shared + np.arange(width), -1)
+    key_pos = mx.array(key_pos)
+    next_pos = mx.array((shared + n).astype(np.int32))
+    h = mx.concatenate(last, axis=0)[which]
+    mx.eval(h, buffers)
+    letter_ids = mx.array(grammar.letter_ids, dtype=mx.int32)
+    sep = mx.broadcast_to(mx.array(grammar.sep, dtype=mx.int32)[None], (b, len(grammar.sep)))
+    chosen, values = [], []
     for t in range(5):
-        logits = (h @ rows_w).astype(mx.float32)
-        chosen, values = pick(logits, [letters[r] for r in rows], rows)
-        for r, c, v in zip(rows, chosen, values):
-            letters[r].append(int(c))
-            logprobs[r].append(float(v))
+        c, value = pick((h @ rows_w).astype(mx.float32), t)
+        chosen.append(c)
+        values.append(value)
         if t == 4:
+            mx.eval(chosen, values)
             break
-        ids = np.array([[grammar.letter_ids[c]] + grammar.sep for c in chosen], dtype=np.int32)
-        query_pos = (next_pos[:, None] + np.arange(step_len)[None]).astype(np.int32)
-        h, own = _step(model, mx.array(ids), past, mx.array(key_pos), mx.array(query_pos))
-        for i, kv in enumerate(own):
-            past[i].append(kv)
-        key_pos = np.concatenate([key_pos, query_pos], axis=1)
+        ids = mx.concatenate([letter_ids[c][:, None], sep], axis=1)
+        query_pos = next_pos[:, None] + mx.arange(step_len, dtype=mx.int32)[None]
+        slot = shared + width + t * step_len
+        key_pos[:, slot:slot + step_len] = query_pos
+        h = _step(model, ids, buffers, key_pos, query_pos, slot)
         next_pos = next_pos + step_len
-    return int(sum(lengths))
+        mx.eval(h, c, value, key_pos, buffers, getattr(pick, "node", c))
+    return np.array(mx.stack(chosen, axis=1)), np.array(mx.stack(values, axis=1)), int(lengths.sum())

@@ -143,6 +143,28 @@ class WordTrie:
     def __init__(self, words: Collection[str]):
         self.words = frozenset(words)
         self.counts = Counter(w[:i] for w in self.words for i in range(1, 6))
+        self._table: tuple[np.ndarray, np.ndarray, dict[str, int]] | None = None
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The trie as arrays, for masks computed on the device: `child` (nodes, 26), the node a letter leads to
+        from each node (-1: no word continues that way; node 0 is the empty prefix), and `count` (nodes,), the
+        words under each node."""
+        if self._table is None:
+            prefixes = [""] + sorted(self.counts)
+            node = {p: i for i, p in enumerate(prefixes)}
+            child = np.full((len(prefixes), 26), -1, dtype=np.int32)
+            for p in prefixes[1:]:
+                child[node[p[:-1]], LETTERS.index(p[-1])] = node[p]
+            count = np.array([len(self.words)] + [self.counts[p] for p in prefixes[1:]], dtype=np.int32)
+            self._table = (child, count, node)
+        return self._table[0], self._table[1]
+
+    def path(self, word: str) -> list[int]:
+        """The 6 nodes `word` passes through (the empty prefix first), or -1s for a word outside the list."""
+        self.table()
+        if word not in self.words:
+            return [-1] * 6
+        return [self._table[2][word[:i]] for i in range(6)]
 
     def allowed(self, prefix: str, excluded: Collection[str] = ()) -> np.ndarray:
         """(26,) bool: letter c is allowed after `prefix` when some word starting `prefix + c` is not excluded."""

@@ -14,7 +14,8 @@ LoRA switched off (`lora_disabled`: scale 0, no second copy of the weights). Onl
 projected to the vocabulary. Sequences that are one shared prompt followed by one reply each (G replies to the
 same board) are packed by `pack_shared_batch`: the prompt runs through the model once and every reply attends to
 its keys and values (`logits.shared_prefix_logits`), which gives the same log-probs and gradients as packing the
-G full sequences at a fraction of the tokens.
+G full sequences at a fraction of the tokens; `merge_prompt_groups` puts several prompts' groups into one such
+micro-batch (`logits.multi_prefix_logits`), so a step runs in a few large forward passes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Iterator, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..model.logits import choice_logprobs, selected_logits, shared_prefix_logits
+from ..model.logits import choice_logprobs, multi_prefix_logits, selected_logits, shared_prefix_logits
 from ..play.episode import TokenSequence
 
 @dataclass
@@ -40,6 +41,8 @@ class PolicyBatch:
     weights: np.ndarray         # (M,) averaging weights; they sum to (this batch's share of) 1
     sequence: np.ndarray        # (M,) index of the sequence each token belongs to
     prefix: np.ndarray | None = None   # (Lp,) a prompt shared by every row; inputs are then the continuations
+    prefix_lengths: np.ndarray | None = None   # several prompts: prefix is (P, Lp) right-padded, their lengths
+    prefix_rows: np.ndarray | None = None      # and the prompt each row continues (pack_shared_batch)
     excluded: list | None = None       # per sequence: the words on its board (words decoding's letter masks)
 
     @property
@@ -97,24 +100,28 @@ def shared_prompt_length(seq: TokenSequence) -> int | None:
 
 def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence,
                       weights: Sequence[np.ndarray], pad_id: int = 0) -> PolicyBatch:
-    """Pack sequences that share one prompt (mask-0 prefix) followed by a reply each: `prefix` is the prompt
-    without its last token, and row i of `inputs` is that last token followed by reply i (right-padded), so
-    position j of a row predicts reply token j."""
+    """Pack sequences that are each a prompt (mask-0 prefix) followed by a reply; sequences with the same prompt
+    share it. With one prompt, `prefix` is that prompt without its last token; with several, `prefix` holds them
+    right-padded (P, Lp), `prefix_lengths` their lengths and `prefix_rows` the prompt of each row. Row i of
+    `inputs` is its prompt's last token followed by reply i (right-padded), so position j of a row predicts reply
+    token j."""
     if not (len(sequences) == len(advantages) == len(weights)):
         raise ValueError("pack_shared_batch needs one advantage and one weight array per sequence")
-    k = shared_prompt_length(sequences[0])
-    prompt = list(sequences[0].tokens[:k]) if k else None
-    if prompt is None or any(shared_prompt_length(q) != k or list(q.tokens[:k]) != prompt for q in sequences):
+    ks = [shared_prompt_length(q) for q in sequences]
+    if any(k is None for k in ks):
         raise ValueError("pack_shared_batch needs sequences that are one shared prompt followed by one reply each")
-    width = max(len(q.tokens) for q in sequences) - k
+    prompts = list(dict.fromkeys(tuple(q.tokens[:k]) for q, k in zip(sequences, ks)))
+    which = {p: j for j, p in enumerate(prompts)}
+    width = max(len(q.tokens) - k for q, k in zip(sequences, ks))
     inputs = np.full((len(sequences), width), pad_id, dtype=np.int32)
-    pos, tgt, old, adv, wts, seq = [], [], [], [], [], []
-    for i, (q, a, w) in enumerate(zip(sequences, advantages, weights)):
+    pos, tgt, old, adv, wts, seq, rows = [], [], [], [], [], [], []
+    for i, (q, k, a, w) in enumerate(zip(sequences, ks, advantages, weights)):
         reply = np.asarray(q.tokens[k:], dtype=np.int32)
         if len(reply) != len(w):
             raise ValueError(f"sequence {i}: {len(reply)} model tokens but {len(w)} weights")
-        inputs[i, 0] = prompt[-1]
+        inputs[i, 0] = q.tokens[k - 1]
         inputs[i, 1:len(reply)] = reply[:-1]
+        rows.append(which[tuple(q.tokens[:k])])
         pos.append(i * width + np.arange(len(reply)))
         tgt.append(reply)
         old.append(np.asarray(q.logprobs[k:], dtype=np.float32))
@@ -122,9 +129,38 @@ def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence,
         wts.append(np.asarray(w, dtype=np.float32))
         seq.append(np.full(len(reply), i, dtype=np.int32))
     cat = lambda parts, dt: np.concatenate(parts).astype(dt)  # noqa: E731
-    return PolicyBatch(inputs, cat(pos, np.int64), cat(tgt, np.int32), cat(old, np.float32), cat(adv, np.float32),
-                       cat(wts, np.float32), cat(seq, np.int32), prefix=np.asarray(prompt[:-1], dtype=np.int32),
-                       excluded=[q.excluded for q in sequences])
+    batch = PolicyBatch(inputs, cat(pos, np.int64), cat(tgt, np.int32), cat(old, np.float32), cat(adv, np.float32),
+                        cat(wts, np.float32), cat(seq, np.int32), excluded=[q.excluded for q in sequences])
+    if len(prompts) == 1:
+        batch.prefix = np.asarray(prompts[0][:-1], dtype=np.int32)
+    else:
+        lengths = np.array([len(p) - 1 for p in prompts], dtype=np.int32)
+        batch.prefix = np.full((len(prompts), int(lengths.max())), pad_id, dtype=np.int32)
+        for j, p in enumerate(prompts):
+            batch.prefix[j, :lengths[j]] = p[:-1]
+        batch.prefix_lengths, batch.prefix_rows = lengths, np.array(rows, dtype=np.int32)
+    return batch
+
+
+def merge_prompt_groups(groups: Sequence[Sequence[int]], sequences: Sequence[TokenSequence], max_tokens: int,
+                        max_loss_tokens: int) -> list[list[int]]:
+    """Groups of `shared_prompt_groups` merged, in order, into micro-batches of several prompts: at most
+    `max_loss_tokens` model tokens and `max_tokens` padded tokens (the prompts, then the replies) each, so the
+    prompts and replies of a step run in a few large forward passes rather than one small one per prompt."""
+    out, cur = [], []
+    for g in groups:
+        trial = cur + list(g)
+        prompts = {tuple(sequences[i].tokens[:shared_prompt_length(sequences[i])]) for i in trial}
+        replies = max(len(sequences[i].tokens) - shared_prompt_length(sequences[i]) for i in trial)
+        padded = len(prompts) * max(len(p) for p in prompts) + len(trial) * replies
+        loss = sum(sum(sequences[i].mask) for i in trial)
+        if cur and (padded > max_tokens or loss > max_loss_tokens):
+            out.append(cur)
+            trial = list(g)
+        cur = trial
+    if cur:
+        out.append(cur)
+    return out
 
 
 def shared_prompt_groups(sequences: Sequence[TokenSequence], max_loss_tokens: int) -> tuple[list[list[int]], list[int]]:
@@ -177,11 +213,14 @@ def split_batch(sequences: Sequence[TokenSequence], max_tokens: int, max_loss_to
 
 def selected_logprobs(model, inputs, positions, targets, temperature: float, prefix=None, choices=None):
     """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part).
-    With `prefix`, every row of `inputs` continues that one prefix (see `pack_shared_batch`). With `choices`
+    With `prefix`, every row of `inputs` continues that one prefix, or with a (prompts, lengths, rows) tuple the
+    prompt `rows[b]` (see `pack_shared_batch`). With `choices`
     (grammar decoding: `choice_arrays`), the targets are letter choices and the log-softmax runs over the allowed
     letters only, from their rows of the projection."""
     ids = None if choices is None else choices["ids"]
-    if prefix is not None:
+    if isinstance(prefix, tuple):
+        scaled = multi_prefix_logits(model, *prefix, inputs, positions, ids).astype(mx.float32)
+    elif prefix is not None:
         scaled = shared_prefix_logits(model, prefix, inputs, positions, ids).astype(mx.float32)
     else:
         scaled = selected_logits(model, inputs, positions, ids).astype(mx.float32)
@@ -229,7 +268,9 @@ def batch_arrays(batch: PolicyBatch, letters=None) -> dict:
     arrays = {"inputs": mx.array(batch.inputs), "positions": mx.array(batch.positions.astype(np.int32)),
               "targets": mx.array(batch.targets), "adv": mx.array(batch.advantages),
               "weights": mx.array(batch.weights)}
-    if batch.prefix is not None:
+    if batch.prefix_rows is not None:
+        arrays["prefix"] = (mx.array(batch.prefix), mx.array(batch.prefix_lengths), mx.array(batch.prefix_rows))
+    elif batch.prefix is not None:
         arrays["prefix"] = mx.array(batch.prefix)
     if letters is not None:
         arrays["choices"] = choice_arrays(letters, batch.targets, batch.sequence, batch.excluded)

@@ -32,7 +32,7 @@ from ..play.rollout import (Completion, GameSpec, RolloutConfig, apply_reply, pr
 from .advantages import group_advantages
 from .distributed import World
 from .grpo_loss import (LossSettings, batch_arrays, grpo_loss, pack_batch, pack_shared_batch,
-                        reference_logprobs, shared_prompt_groups, split_batch)
+                        reference_logprobs, merge_prompt_groups, shared_prompt_groups, split_batch)
 from .trainer import apply_update
 
 
@@ -175,6 +175,7 @@ def policy_gradient(model, items: Sequence[ScoredItem], s: UpdateSettings, world
     grads, total_loss, kl = None, 0.0, 0.0
     sharing = s.share_prompts and has_split_head(model)
     shared, rest = shared_prompt_groups(seqs, s.max_loss_tokens) if sharing else ([], list(range(len(seqs))))
+    shared = merge_prompt_groups(shared, seqs, s.max_tokens, s.max_loss_tokens)
     plain = [[rest[j] for j in idx] for idx in split_batch([seqs[i] for i in rest], s.max_tokens, s.max_loss_tokens)] \
         if rest else []
     for idx, pack in [(g, pack_shared_batch) for g in shared] + [(g, pack_batch) for g in plain]:

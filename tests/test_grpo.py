@@ -22,8 +22,7 @@ from wordle_mlx.llm.training import grpo_loss as grpo_loss_module
 from wordle_mlx.llm.training import grpo_step
 from wordle_mlx.llm.play.episode import TokenSequence
 from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.training.advantages import batch_std, group_advantages
-from wordle_mlx.llm.training.distributed import World
+from wordle_mlx.llm.training.advantages import group_advantages
 from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, lora_disabled, pack_batch,
                                       selected_logprobs)
 from wordle_mlx.llm.training.grpo_step import Player, ScoredItem, UpdateSettings, policy_update
@@ -104,39 +103,6 @@ class Advantages(unittest.TestCase):
     def test_nonfinite_reward_raises(self):
         with self.assertRaises(ValueError):
             group_advantages([1.0, float("nan")], [0, 0])
-
-    def test_batch_scale_keeps_small_spreads_small(self):
-        rewards = [0.0, 4.0, 1.0, 1.1, 3.0, 3.0]
-        std = batch_std(sum(rewards), sum(r * r for r in rewards), len(rewards))
-        self.assertAlmostEqual(std, float(np.std(rewards)), delta=1e-12 * max(rewards))
-        adv, skipped = group_advantages(rewards, [0, 0, 1, 1, 2, 2], std=std)
-        self.assertEqual(skipped, 1)
-        np.testing.assert_allclose(adv, np.array([-2.0, 2.0, -0.05, 0.05, 0, 0]) / (std + 1e-4), rtol=1e-9)
-        group, _ = group_advantages(rewards, [0, 0, 1, 1, 2, 2])
-        np.testing.assert_allclose(group[2:4], [-1 / (0.05 + 1e-4) * 0.05, 1 / (0.05 + 1e-4) * 0.05], rtol=1e-9)
-
-    def test_batch_scale_uses_every_ranks_rewards(self):
-        """Two ranks holding half the step's items each get the advantages one process computes on all of them."""
-        def item(group, reward):
-            return ScoredItem([TokenSequence([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5])], group, reward, {})
-        everything = [item(0, 0.0), item(0, 1.0), item(1, 0.5), item(1, 3.0), item(2, 2.0), item(2, 2.0)]
-        mine, theirs = everything[:4], everything[4:]
-
-        class TwoRanks(World):                # this rank's sums plus the other rank's
-            size = 2
-
-            def sum_floats(self, values, what=""):
-                r = np.array([it.reward for it in theirs])
-                return [a + b for a, b in zip(values, [r.sum(), (r * r).sum(), len(r)])]
-
-        _, single, _ = grpo_step.live_sequences(everything, "batch")
-        _, ranked, skipped = grpo_step.live_sequences(mine, "batch", TwoRanks())
-        np.testing.assert_allclose(ranked, single[:4], rtol=1e-12)
-        self.assertEqual(skipped, 0)
-        np.testing.assert_allclose(ranked[:2], np.array([-0.5, 0.5]) / (np.std([it.reward for it in everything]) + 1e-4),
-                                   rtol=1e-9)
-        with self.assertRaises(ValueError):
-            grpo_step.live_sequences(mine, "rank")
 
 
 class Packing(unittest.TestCase):

@@ -119,7 +119,7 @@ def grpo_task(cfg: GRPOConfig, player: grpo_step.Player, optimizer, prompt: Prom
     settings = grpo_step.UpdateSettings(LossSettings(beta=rl.beta, temperature=rl.temperature,
                                                      letters=letter_choices(tokenizer, mode, allowed)),
                                         cfg.optimizer.max_grad_norm, rl.max_tokens_per_microbatch,
-                                        rl.max_loss_tokens_per_microbatch, scale_rewards=rl.scale_rewards)
+                                        rl.max_loss_tokens_per_microbatch)
     valid_words = split_words("valid")[:cfg.validation.games]
 
     def rollout_config(temperature: float, seed: int) -> RolloutConfig:

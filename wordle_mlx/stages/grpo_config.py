@@ -27,9 +27,6 @@ class RLSection(StrictModel):
     batch_prompts: int = Field(8, ge=1, description="B: boards (games) per step.")
     num_generations: int = Field(8, ge=2, description="G: replies sampled to each board, the group.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the G replies.")
-    scale_rewards: Literal["group", "batch"] = Field("group", description="Divide a reply's advantage (its reward "
-                                                     "less its group's mean) by its group's reward std (GRPO) or "
-                                                     "the std of all the step's rewards (as TRL's scale_rewards).")
     beta: float = Field(0.0, ge=0, description="KL weight to the reference policy, the model with LoRA switched off.")
     k_weights: list[float] = Field([0.7, 0.1, 0.1, 0.1], description="P(k seeded guesses on a step's board), "
                                    "k = 0, 1, ...")
@@ -102,6 +99,7 @@ class GRPOConfig(TrainConfig):
         "rl.completion_batch_size": "a step's replies decode in batches of 128",
         "rl.prompt": "GRPO plays the prompt model.adapter records (the default prompt without one)",
         "grpo.advantage": "advantages are (r - mean) / std in a group",
+        "rl.scale_rewards": "advantages are divided by their group's reward std",
         "validation.keep": "validation keeps the best adapter",
         "reward.win": "a win is the unit (1) the other weights are measured in",
         "reward.length": "no recipe used it (0)"}

@@ -1,10 +1,8 @@
 """Group-relative advantages for GRPO, in plain numpy: one number for each sampled reply.
 
-`group_advantages` turns per-sample rewards and group ids into advantages, (r - mean) / (std + eps), where mean
-is the group's and std is the group's own (GRPO) or one number for the whole batch (`batch_std`, TRL's
-`scale_rewards="batch"`: a group whose rewards differ only a little keeps a small advantage); a group whose
-rewards are all equal gets exactly 0 and is reported as skipped (`spread_groups` finds the groups with a spread,
-and raises on a non-finite reward). `grpo_loss.py` packs these into token batches.
+`group_advantages` turns per-sample rewards and group ids into advantages, (r - mean) / (std + eps); a
+group whose rewards are all equal gets exactly 0 and is reported as skipped (`spread_groups` finds
+the groups with a spread, and raises on a non-finite reward). `grpo_loss.py` packs these into token batches.
 """
 
 from __future__ import annotations
@@ -36,20 +34,9 @@ def spread_groups(rewards: np.ndarray, groups: np.ndarray) -> tuple[list[np.ndar
     return live, skipped
 
 
-def batch_std(total: float, total_squares: float, count: float) -> float:
-    """The standard deviation of a batch's rewards from their sum, their sum of squares and their count (summed
-    over every rank, so each rank scales by the same number)."""
-    if count <= 0:
-        raise ValueError(f"the standard deviation of {count} rewards")
-    mean = total / count
-    return float(np.sqrt(max(0.0, total_squares / count - mean * mean)))
-
-
-def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float = 1e-4,
-                     std: float | None = None) -> tuple[np.ndarray, int]:
+def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float = 1e-4) -> tuple[np.ndarray, int]:
     """(advantage per sample, number of zero-variance groups) for rewards grouped by `groups`: (r - mean) / std
-    within a group, 0 in a group whose rewards do not differ. `std` None divides by each group's own standard
-    deviation; a number (`batch_std`) divides every group by it."""
+    within a group, 0 in a group whose rewards do not differ."""
     rewards = np.asarray(rewards, dtype=np.float64)
     groups = np.asarray(groups)
     if rewards.shape != groups.shape:
@@ -58,5 +45,5 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
     live, skipped = spread_groups(rewards, groups)
     for idx in live:
         r = rewards[idx]
-        out[idx] = (r - r.mean()) / ((r.std() if std is None else std) + eps)
+        out[idx] = (r - r.mean()) / (r.std() + eps)
     return out, skipped

@@ -6,11 +6,10 @@ each scored with the per-reply reward (`Rewards.turn_mode_values`); the group is
 greedy reply joins as member G + 1, and the game goes on with the greedy reply, so the boards, error messages
 included, are the ones greedy evaluation reaches and the update pushes the reply greedy play gives up or down.
 The result is a list of `ScoredItem`s: the reply's token sequence, its group, its reward and its component
-values. `policy_gradient` computes group advantages ((r - mean) / std, std the group's own or the whole step's:
-`scale_rewards`), drops zero-variance groups, splits the rest into micro-batches (the replies to one board
-together, the board's prompt run once; others of at most `max_tokens` padded tokens), and sums the gradients of
-`grpo_loss` with token-mean weights over the whole step (every rank's tokens). `policy_update` applies it with
-the trainer's clip and finiteness check.
+values. `policy_gradient` computes group advantages ((r - mean) / std), drops zero-variance groups, splits the
+rest into micro-batches (the replies to one board together, the board's prompt run once; others of at most
+`max_tokens` padded tokens), and sums the gradients of `grpo_loss` with token-mean weights over the whole step
+(every rank's tokens). `policy_update` applies it with the trainer's clip and finiteness check.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from ..play.episode import Episode, TokenSequence, Turn, reply_sequence
 from ..play.prompts import FORMAT_ERRORS, NOT_A_WORD, parse_reply
 from ..play.rollout import (Completion, GameSpec, RolloutConfig, apply_reply, prompt_token_ids,
                             sample_replies_and_greedy, start_game)
-from .advantages import batch_std, group_advantages
+from .advantages import group_advantages
 from .distributed import World
 from .grpo_loss import (LossSettings, batch_arrays, grpo_loss, pack_batch, pack_shared_batch,
                         reference_logprobs, merge_prompt_groups, shared_prompt_groups, split_batch)
@@ -119,7 +118,6 @@ class UpdateSettings:
     max_tokens: int = 4096               # padded tokens per micro-batch
     max_loss_tokens: int = 256           # model tokens per micro-batch (each one a logit row)
     share_prompts: bool = True           # replies to one prompt: run the prompt once (pack_shared_batch)
-    scale_rewards: str = "group"         # divide by each group's reward std ("group") or the step's ("batch")
 
 
 @dataclass
@@ -145,18 +143,9 @@ class UpdateResult:
     groups: int = 0
 
 
-def live_sequences(items: Sequence[ScoredItem], scale_rewards: str = "group", world: World | None = None
-                   ) -> tuple[list[TokenSequence], list[float], int]:
-    """(the sequences of groups whose rewards differ, their advantages, the number of groups skipped). With
-    `scale_rewards` "batch" every advantage is divided by the std of all the step's rewards, every rank's."""
-    rewards = [it.reward for it in items]
-    std = None
-    if scale_rewards == "batch":
-        r = np.asarray(rewards, dtype=np.float64)
-        std = batch_std(*(world or World()).sum_floats([r.sum(), (r * r).sum(), len(r)]))
-    elif scale_rewards != "group":
-        raise ValueError(f"scale_rewards must be 'group' or 'batch', got {scale_rewards!r}")
-    advantages, skipped = group_advantages(rewards, [it.group for it in items], std=std)
+def live_sequences(items: Sequence[ScoredItem]) -> tuple[list[TokenSequence], list[float], int]:
+    """(the sequences of groups whose rewards differ, their advantages, the number of groups skipped)."""
+    advantages, skipped = group_advantages([it.reward for it in items], [it.group for it in items])
     live_groups = {it.group for it, a in zip(items, advantages) if a != 0.0}
     seqs, advs = [], []
     for it, a in zip(items, advantages):
@@ -174,7 +163,7 @@ def policy_gradient(model, items: Sequence[ScoredItem], s: UpdateSettings, world
     the token-mean weights use the global token count and the gradient and loss are all-reduced, so every rank
     gets the gradient a single process would compute on all the items."""
     world = world or World()
-    seqs, advs, skipped = live_sequences(items, s.scale_rewards, world)
+    seqs, advs, skipped = live_sequences(items)
     lengths = [sum(q.mask) for q in seqs]
     total_tokens, total_seqs, skipped, groups = world.sum_floats(
         [sum(lengths), len(seqs), skipped, len({it.group for it in items})])

@@ -13,12 +13,13 @@ stage() {  # stage NAME COMMAND...: run once; a finished stage is skipped on the
     local t0=$(date +%s) before=0 status=0
     if [ -f "$R/$name.partial" ]; then before=$(cat "$R/$name.partial"); fi
     "$@" || status=$?
+    local seconds=$(( before + $(date +%s) - t0 ))
     if [ $status != 0 ]; then
-      echo "$(( before + $(date +%s) - t0 ))" > "$R/$name.partial"
+      echo "$seconds" > "$R/$name.partial"
       echo "recipe stopped in stage $name (status $status); run it again to go on" >&2
       exit $status
     fi
-    echo "$(( before + $(date +%s) - t0 ))" > "$R/$name.done"
+    echo "$seconds" > "$R/$name.done"
     rm -f "$R/$name.partial"
   fi
   if [ "${STOP_AFTER:-}" = "$name" ]; then echo "== stopping after $name (STOP_AFTER)"; exit 0; fi

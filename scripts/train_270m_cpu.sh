@@ -17,7 +17,8 @@
 # Time, estimated from the stages' measured times of the grammar-decoding run (docs/RESULTS.md): about 2 h 25 min
 # of training on 2 cores at 23 s a GRPO step (GRPO and its 6 validation passes about 45 min, the tags about 6 more
 # minutes of sft-cover), up to about 2 h 50 min if GRPO steps take the 38 s of the longest measured ones; then
-# about 25 min of evals.
+# about 25 min of evals. Those stage times are an AVX-512 host's; on an AVX2 host with 2 cores the same stages
+# measured 2.2-2.8x as long (docs/RESULTS.md, "The recipe"), so there it projects to about 6 hours.
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (no 262k-entry softmax; the last pass adds the few tag tokens), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and

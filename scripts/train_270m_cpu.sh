@@ -11,14 +11,15 @@
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
 # passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
 # steps from the SFT start as step 0, the best kept) all use words decoding; the last SFT pass also trains the
-# reply's tags (train_tags), so the shipped adapter plays with --decode free too. Each adapter records its
-# decoding (adapter_config.json), and eval plays it by default.
+# reply's tags (train_tags), which its last run showed is not enough for --decode free (0 of 200 test games: the
+# letters were never scored against the whole vocabulary). Each adapter records its decoding
+# (adapter_config.json), and eval plays it by default.
 #
 # Time, estimated from the stages' measured times of the grammar-decoding run (docs/RESULTS.md): about 2 h 25 min
 # of training on 2 cores at 23 s a GRPO step (GRPO and its 6 validation passes about 45 min, the tags about 6 more
 # minutes of sft-cover), up to about 2 h 50 min if GRPO steps take the 38 s of the longest measured ones; then
-# about 25 min of evals. Those stage times are an AVX-512 host's; on an AVX2 host with 2 cores the same stages
-# measured 2.2-2.8x as long (docs/RESULTS.md, "The recipe"), so there it projects to about 6 hours.
+# about 25 min of evals. Those stage times are an AVX-512 host's; its last run, on an AVX2 host with 2 cores,
+# took 5 h 35 min of training (GRPO's 100 steps 89 min) and 32 min of evals (docs/RESULTS.md, "The recipe").
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (no 262k-entry softmax; the last pass adds the few tag tokens), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and

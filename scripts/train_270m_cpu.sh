@@ -11,7 +11,7 @@
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
 # passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
 # steps from the SFT start as step 0, the best kept) all use words decoding; the last SFT pass also trains the
-# reply's tags (train_tags), which its last run showed is not enough for --decode free (0 of 200 test games: the
+# reply's tags (train_free), which its last run showed is not enough for --decode free (0 of 200 test games: the
 # letters were never scored against the whole vocabulary). Each adapter records its decoding
 # (adapter_config.json), and eval plays it by default.
 #
@@ -105,7 +105,7 @@ for n in 2 3 4; do
 done
 # The coverage round: a second self-play round from that adapter; every answer that fits some tight board of it
 # (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it that also trains
-# the reply's tags (train_tags), then 100 GRPO steps with plain SGD in words decoding, playing full games on from
+# the reply's tags (train_free), then 100 GRPO steps with plain SGD in words decoding, playing full games on from
 # the greedy reply; the 100 validation words are played every 20 steps (the SFT start as step 0) and the run's
 # adapters/ are the pass with the most wins (validation keeps the best: the SFT start when no step beats it).
 stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress

@@ -139,7 +139,7 @@ class ShippedConfigTest(unittest.TestCase):
             self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "grammar", name)
         for name in ("sft-choice", "sft-choice-more", "sft-cover"):
             self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "words", name)
-        self.assertTrue(load_config(RECIPE / "sft-cover.json", SFTConfig).train_tags)
+        self.assertTrue(load_config(RECIPE / "sft-cover.json", SFTConfig).train_free)
         grpo = load_config(RECIPE / "grpo-cover.json", GRPOConfig)
         self.assertEqual(grpo.decode, "words")
         self.assertGreaterEqual(grpo.run.steps, 100)

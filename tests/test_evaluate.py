@@ -126,14 +126,14 @@ class AdapterDecodingTest(unittest.TestCase):
         return result, err.getvalue()
 
     def test_eval_plays_the_recorded_decoding_unless_told_otherwise(self):
-        adapter = self.record(decode="words", trained_tags=False)
+        adapter = self.record(decode="words", trained_free=False)
         result, err = self.run_eval(adapter)
         self.assertEqual(result["decode"], "words")
         self.assertEqual((result["invalid_rate"], result["format_error_rate"], result["repeat_rate"]), (0.0, 0.0, 0.0))
         self.assertEqual(err, "")
         self.assertEqual(self.run_eval(adapter, **{"rollout.decode": "grammar"})[0]["decode"], "grammar")
         self.assertEqual(self.run_eval(self.record())[0]["decode"], "grammar")      # no record: today's default
-        adapter = self.record(decode="words", trained_tags=False)
+        adapter = self.record(decode="words", trained_free=False)
         self.assertEqual(RolloutConfig().for_adapter(adapter).decode, "words")    # play's default too
 
     def test_the_shipped_adapter_records_nothing_and_keeps_grammar(self):
@@ -141,16 +141,19 @@ class AdapterDecodingTest(unittest.TestCase):
         self.assertEqual(adapter_decoding(SHIPPED), (None, None))
         self.assertEqual(RolloutConfig().for_adapter(SHIPPED).decode, "grammar")
 
-    def test_free_decoding_warns_when_the_tags_were_never_trained(self):
-        result, err = self.run_eval(self.record(decode="grammar", trained_tags=False), **{"rollout.decode": "free",
+    def test_free_decoding_warns_when_the_whole_reply_was_never_trained(self):
+        result, err = self.run_eval(self.record(decode="grammar", trained_free=False), **{"rollout.decode": "free",
                                                                                           "rollout.max_tokens_per_turn": 8})
         self.assertEqual(result["decode"], "free")
         self.assertEqual(len(err.strip().splitlines()), 1, err)
-        self.assertIn("never on the reply's tags", err)
+        self.assertIn("never on the whole reply", err)
         self.assertIn("--decode grammar", err)
-        for entries in ({"decode": "grammar", "trained_tags": True}, {}):
+        for entries in ({"decode": "grammar", "trained_free": True}, {}):
             _, err = self.run_eval(self.record(**entries), **{"rollout.decode": "free", "rollout.max_tokens_per_turn": 8})
             self.assertEqual(err, "", entries)
+        # an older adapter's trained_tags: its tags alone were trained unless it was trained free
+        self.assertEqual(adapter_decoding(self.record(decode="words", trained_tags=True)), ("words", False))
+        self.assertEqual(adapter_decoding(self.record(decode="free", trained_tags=True)), ("free", True))
 
     def test_a_bad_record_is_a_one_line_error(self):
         with self.assertRaisesRegex(UserError, "adapter_config.json: decode: unknown mode 'fast'"):

@@ -86,9 +86,9 @@ class ExportFilesTest(GrammarExportCase):
         self.assertIn("LlamaGrammar.from_file('plain.gbnf')", usage)
         self.assertIn("ollama create wordle -f plain.Modelfile", usage)
 
-    def test_untrained_tags_get_the_words_grammar_and_no_modelfile(self):
+    def test_untrained_free_get_the_words_grammar_and_no_modelfile(self):
         self.assertEqual((self.words["grammar_decode"], self.words["modelfile"]), ("words", None))
-        self.assertIn("trained_tags false", self.words["no_modelfile_reason"])
+        self.assertIn("never on its whole reply", self.words["no_modelfile_reason"])
         self.assertFalse((self.dir / "words.Modelfile").exists())
         usage = (self.dir / "words.llamacpp.md").read_text()
         self.assertIn("No Modelfile was written", usage)
@@ -102,7 +102,7 @@ class ExportFilesTest(GrammarExportCase):
         self.assertIsNone(result["modelfile"])
         self.assertFalse(out.with_suffix(".Modelfile").exists())
 
-    def test_ollama_with_untrained_tags_exits_2_with_one_line_and_writes_nothing(self):
+    def test_ollama_with_untrained_free_exits_2_with_one_line_and_writes_nothing(self):
         out_dir = self.dir / "refused"
         out_dir.mkdir()
         proc = subprocess.run([sys.executable, "-m", "wordle_mlx", "export", "--adapter", str(self.words_adapter),
@@ -111,7 +111,7 @@ class ExportFilesTest(GrammarExportCase):
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
         self.assertIn("--ollama", proc.stderr)
-        self.assertIn("trained_tags false", proc.stderr)
+        self.assertIn("never on its whole reply", proc.stderr)
         self.assertEqual(list(out_dir.iterdir()), [])
 
 

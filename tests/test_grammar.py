@@ -209,10 +209,10 @@ class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
 
     def check_sft(self, model, tok, g, prompts, tol):
         """The grammar loss, the words loss (each board's words and near misses of the label ruled out) and both
-        with the forced tokens trained over the whole vocabulary (train_tags)."""
+        with the forced tokens trained over the whole vocabulary (train_free)."""
         words = ["crane", "moist", "pious", "light"]
         near = [["crank", "craze"], ["moose"], [], ["might", "lithe"]]
-        for words_mode, train_tags in ((False, False), (True, False), (True, True)):
+        for words_mode, train_free in ((False, False), (True, False), (True, True)):
             examples, refs, tag_refs = [], [], []
             for i, (p, word) in enumerate(zip(prompts, words)):
                 board = BOARDS[i % len(BOARDS)] + near[i] if words_mode else []
@@ -221,16 +221,16 @@ class LogprobsEqualTheRenormalisedModelTest(unittest.TestCase):
                 ref, scale = reference_logprobs(model, g, p, tokens, choice, 1.0, words_mode, board)
                 refs += ref
                 tol = rounding_tolerance(tol, scale)
-                if train_tags:
-                    tag_refs += full_logprobs(model, p, tokens, [1 - c for c in choice])
+                if train_free:
+                    tag_refs += full_logprobs(model, p, tokens, [1] * len(choice))   # every reply token
             for share in (False, True):
                 b = make_batch(examples, pad_to=8, share_prefix=share, letter_ids=g.letter_ids,
-                               trie=TRIE if words_mode else None, train_tags=train_tags)
+                               trie=TRIE if words_mode else None, train_free=train_free)
                 total, count = loss_sum(model, *b.loss_args())
                 self.assertEqual(count.item(), len(refs) + len(tag_refs))
                 self.assertEqual(b.tokens, len(refs) + len(tag_refs))
                 self.assertLessEqual(abs(total.item() + sum(refs) + sum(tag_refs)), tol * (len(refs) + len(tag_refs)),
-                                     f"words {words_mode} tags {train_tags} shared {share}")
+                                     f"words {words_mode} tags {train_free} shared {share}")
                 if words_mode and not share:
                     full, _ = loss_sum(model, *b.loss_args()[:4], True, *b.loss_args()[5:])   # full-logits path
                     self.assertLessEqual(abs(full.item() - total.item()), tol * len(refs))

@@ -294,7 +294,7 @@ class Stage(unittest.TestCase):
         self.assertEqual(weights(run_dir / "adapters"), weights(run_dir / "adapters_best"))
         self.assertEqual(weights(run_dir / "adapters"), weights(run_dir / "checkpoints" / "step_000002"))
         acfg = json.loads((run_dir / "adapters" / "adapter_config.json").read_text())
-        self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("words", False))
+        self.assertEqual((acfg["decode"], acfg["trained_free"]), ("words", False))
         with mock.patch("sys.stdout"):                   # `wordle-mlx plot` draws the validation curve
             files = plot_run(PlotConfig(file=str(run_dir / "metrics.jsonl"), out=str(run_dir / "plots")))["files"]
         self.assertIn("validation.png", [Path(f).name for f in files])

@@ -80,11 +80,11 @@ class ArithmeticTest(unittest.TestCase):
         # the grammar loss: 5 letters a row over 26 letter rows
         letters = mp.sft_plan(SMALL, mp.SFTNumbers(**{**n.__dict__, "grammar_loss": True}))
         self.assertEqual(letters.items["logits"], mp.logit_bytes(SMALL, 3 * 5, letters_only=True))
-        # train_tags: the reply's other tokens (3 a row here, less than the 5 letters: none) over the vocabulary
-        tags = mp.sft_plan(SMALL, mp.SFTNumbers(**{**n.__dict__, "grammar_loss": True, "train_tags": True,
+        # train_free: every reply token (13 a row here) over the vocabulary too
+        tags = mp.sft_plan(SMALL, mp.SFTNumbers(**{**n.__dict__, "grammar_loss": True, "train_free": True,
                                                    "reply_tokens": 13}))
         self.assertEqual(tags.items["logits"], mp.logit_bytes(SMALL, 3 * 5, letters_only=True)
-                         + mp.logit_bytes(SMALL, 24))       # 3 x 8 tag tokens, padded to 8
+                         + mp.logit_bytes(SMALL, 40))       # 3 x 13 reply tokens, padded to 8
 
     def test_grpo_plan_takes_the_larger_phase(self):
         n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=3, completion_batch_size=4,

@@ -1,5 +1,5 @@
 """Tests for `wordle-mlx sft` and `fuse` on the tiny random model: loss, resume, adapters, fuse check; the words
-loss with the tags (decode, train_tags), its record in the adapter, and grammar_loss, the old name."""
+loss with the full loss added (decode, train_free), its record in the adapter, and grammar_loss, the old name."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ class SFTTest(unittest.TestCase):
         self.assertEqual(choose_prompt(compact, False, run_dir / "adapters").model_dump(), trained)
         # and the decoding it was trained for: the full loss trains every reply token, the tags included
         acfg = json.loads((run_dir / "adapters" / "adapter_config.json").read_text())
-        self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("free", True))
+        self.assertEqual((acfg["decode"], acfg["trained_free"]), ("free", True))
         self.assertEqual(choose_prompt(compact, False, None), compact)
         with self.assertRaisesRegex(UserError, "already exists"):
             sft.run(cfg)
@@ -288,34 +288,37 @@ class SFTTest(unittest.TestCase):
         with self.assertRaisesRegex(UserError, "no config.json"):
             sft.run(self.config("r", resume=str(self.root / "nothing")))
 
-    def test_decode_words_with_train_tags_trains_and_records_it(self):
-        """decode words with train_tags on letters-format data: the run trains (the targets are each reply's 5 letters
-        and its other tokens), and the adapter records words decoding with its tags trained; a label already on
+    def test_decode_words_with_train_free_trains_and_records_it(self):
+        """decode words with train_free on letters-format data: the run trains (the targets are each reply's 5 letters
+        among the letters, and every reply token over the vocabulary), and the adapter records words decoding with
+        its whole reply trained; the old name train_tags is a one-line error; a label already on
         its board is a one-line error naming the record."""
         folder = self.root / "letters"
         data.run(validate_config({"out": str(folder), "train_examples": 8, "valid_examples": 4, "progress": False},
                                  data.DataConfig, "test"))
-        result = sft.run(self.config("words", data=str(folder), steps=2, decode="words", train_tags=True,
+        result = sft.run(self.config("words", data=str(folder), steps=2, decode="words", train_free=True,
                                      validation={"every": 2}))
         self.assertTrue(np.isfinite(result["final_loss"]))
         first = sft_records(Path(result["run"]))[1]
-        self.assertGreater(first["target_tokens"], 5 * 4)           # letters and tags of the batch's 4 replies
+        self.assertGreater(first["target_tokens"], 2 * 5 * 4)       # letters twice, and the tags, of 4 replies
         acfg = json.loads((Path(result["run"]) / "adapters" / "adapter_config.json").read_text())
-        self.assertEqual((acfg["decode"], acfg["trained_tags"]), ("words", True))
+        self.assertEqual((acfg["decode"], acfg["trained_free"]), ("words", True))
         records = data.read_sft_jsonl(folder / "train.jsonl")
         seeded = next(i for i, r in enumerate(records) if r["meta"]["history"])
         records[seeded]["meta"]["history"].append(records[seeded]["meta"]["target"])
         (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         with self.assertRaisesRegex(UserError, rf"record {seeded + 1}: decode 'words': the reply '\w+' is already on"):
             sft.run(self.config("words2", data=str(folder), steps=1, decode="words"))
+        with self.assertRaisesRegex(UserError, "^x.json: train_tags is now train_free"):
+            validate_config({"decode": "words", "train_tags": True}, sft.SFTConfig, "x.json")
 
-    def test_the_record_keeps_tags_trained_by_the_start_adapter(self):
-        self.assertEqual(trained_record("words", False, None), {"decode": "words", "trained_tags": False})
+    def test_the_record_keeps_free_training_from_the_start_adapter(self):
+        self.assertEqual(trained_record("words", False, None), {"decode": "words", "trained_free": False})
         with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "adapter_config.json").write_text(json.dumps({"decode": "free", "trained_tags": True}))
-            self.assertEqual(trained_record("words", False, Path(tmp)), {"decode": "words", "trained_tags": True})
-        self.assertEqual(trained_record("grammar", True, None), {"decode": "grammar", "trained_tags": True})
-        self.assertEqual(trained_record("free", False, None), {"decode": "free", "trained_tags": True})
+            (Path(tmp) / "adapter_config.json").write_text(json.dumps({"decode": "free", "trained_free": True}))
+            self.assertEqual(trained_record("words", False, Path(tmp)), {"decode": "words", "trained_free": True})
+        self.assertEqual(trained_record("grammar", True, None), {"decode": "grammar", "trained_free": True})
+        self.assertEqual(trained_record("free", False, None), {"decode": "free", "trained_free": True})
 
     def test_grammar_loss_is_the_old_name_of_decode_grammar(self):
         with self.assertRaisesRegex(UserError, '^x.json: grammar_loss is now decode \\(true: decode "grammar"\\)$'):

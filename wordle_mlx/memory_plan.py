@@ -204,7 +204,7 @@ class SFTNumbers:
     shared_prefix: int = 0           # tokens every example starts with, run once per batch (share_prefix)
     train_layers: int | None = None  # only the last few blocks' LoRA trains
     grammar_loss: bool = False       # the loss is over the 5 letters' 26 rows
-    train_tags: bool = False         # with grammar_loss: the reply's other tokens over the vocabulary too
+    train_free: bool = False         # with grammar_loss: every reply token over the vocabulary too
 
 
 def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
@@ -215,7 +215,7 @@ def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
     row = round_up(n.row_length - n.shared_prefix, n.pad_to)       # each example's own part, padded
     tokens = n.batch_size * row + n.shared_prefix
     positions = n.batch_size * 5 if n.grammar_loss else round_up(n.batch_size * n.reply_tokens, n.pad_to)
-    tags = round_up(n.batch_size * max(n.reply_tokens - 5, 0), n.pad_to) if n.grammar_loss and n.train_tags else 0
+    tags = round_up(n.batch_size * n.reply_tokens, n.pad_to) if n.grammar_loss and n.train_free else 0
     plan = MemoryPlan({
         "weights": weight_bytes(d),
         "lora": lora_bytes(lora, 2, gradients, trained),
@@ -227,7 +227,7 @@ def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
         "lora": f"{lora:,} params x 4 B + {trained:,} trained x 4 B x ({gradients} grad + 2 AdamW states)",
         "activations": activation_note(d, tokens, n.row_length, n.grad_checkpoint,
                                        f"{n.batch_size} x {row} + {n.shared_prefix} shared", blocks),
-        "logits": logit_note(d, positions, n.grammar_loss) + (f" + {logit_note(d, tags, False)} (the tags)"
+        "logits": logit_note(d, positions, n.grammar_loss) + (f" + {logit_note(d, tags, False)} (the whole reply)"
                                                                if tags else ""),
     }
     return plan

@@ -34,7 +34,7 @@ from ..game.splits import split_words
 from ..game.words import guess_list
 from ..llm.model.models import load_model
 from ..llm.play.prompts import FORMAT_ERRORS, NOT_A_WORD
-from ..llm.play.reply_grammar import untrained_tags_warning
+from ..llm.play.reply_grammar import untrained_free_warning
 from ..llm.play.rollout import GameSpec, RolloutConfig, decode_mode, play_games
 from ..progress import console, progress_bar
 from .entropy import load_table
@@ -171,7 +171,7 @@ def run(cfg: EvalConfig) -> dict:
     adapter = str(resolve_path(cfg, cfg.adapter)) if cfg.adapter else None
     if adapter is not None:    # the prompts and decoding the adapter was trained for, unless rollout sets them
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.for_adapter(adapter)})
-        warning = untrained_tags_warning(adapter, decode_mode(cfg.rollout))
+        warning = untrained_free_warning(adapter, decode_mode(cfg.rollout))
         if warning:
             print(warning, file=sys.stderr)
     solver = Solver(load_table(show_progress=cfg.progress and not cfg.json_output))

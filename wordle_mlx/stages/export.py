@@ -8,7 +8,7 @@ projector are left out, and the output says so. The tokenizer comes from the bun
 `builtin:gemma-3-270m`, from the source `.gguf` for GGUF models, from `tokenizer.model` (SentencePiece) of a model
 folder when it has one, else from its `tokenizer.json`. The GGUF also records the adapter's prompt format
 (`wordle_mlx.prompt`, `wordle_mlx.system_prompt`) and, when the adapter records them, the decoding it was trained
-for and whether its reply tags were trained (`wordle_mlx.decode`, `wordle_mlx.trained_tags`). Beside it go a GBNF
+for and whether its whole reply was trained over the vocabulary (`wordle_mlx.decode`, `wordle_mlx.trained_free`). Beside it go a GBNF
 grammar for the decoding the adapter records (`grammar` when it records none): `NAME.gbnf` (`llm.play.gbnf`), usage
 notes for llama.cpp and llama-cpp-python (`NAME.llamacpp.md`) and, for a player that can play free, the Ollama
 Modelfile (`NAME.Modelfile`; `export_files`). Ollama takes no grammar: an adapter that records that its reply tags
@@ -183,14 +183,15 @@ def outputs(out: Path, mode: str, modelfile: bool) -> dict[str, Path | None]:
             "usage": out.with_name(out.stem + USAGE_SUFFIX), "modelfile": out.with_suffix(".Modelfile") if modelfile else None}
 
 
-def ollama_choice(cfg: ExportConfig, adapter: Path, recorded: str | None, trained_tags: bool | None) -> tuple[bool, str | None]:
-    """(write the Modelfile?, why not): Ollama decodes free, which an adapter whose tags were never trained cannot play."""
+def ollama_choice(cfg: ExportConfig, adapter: Path, recorded: str | None, trained_free: bool | None) -> tuple[bool, str | None]:
+    """(write the Modelfile?, why not): Ollama decodes free, which an adapter whose whole reply was never trained over
+    the vocabulary cannot play."""
     if cfg.ollama is False:
         return False, "not asked for (--no-ollama)"
-    if trained_tags is not False:
+    if trained_free is not False:
         return True, None
-    why = (f"adapter {display_path(adapter)} records trained_tags false (trained for {recorded} decoding, never on the "
-           "reply's tags), and Ollama takes no grammar: in free decoding it loses its games on format errors")
+    why = (f"adapter {display_path(adapter)} was trained for {recorded} decoding, never on its whole reply over the "
+           "vocabulary (adapter_config.json), and Ollama takes no grammar: in free decoding it loses its games on format errors")
     if cfg.ollama:
         raise UserError(f"--ollama: {why}; export without --ollama for the GGUF and its llama.cpp grammar")
     return False, why
@@ -204,9 +205,9 @@ def run(cfg: ExportConfig) -> dict:
     adapter_cfg = read_adapter(adapter)
     recorded = adapter_prompt(adapter)
     prompt = recorded or PromptConfig()
-    decode, trained_tags = adapter_decoding(adapter)
+    decode, trained_free = adapter_decoding(adapter)
     mode = effective_mode(decode or "grammar", prompt, explicit=False)     # free for a format with free text
-    write_modelfile, no_modelfile = ollama_choice(cfg, adapter, decode, trained_tags)
+    write_modelfile, no_modelfile = ollama_choice(cfg, adapter, decode, trained_free)
     files = outputs(out, mode, write_modelfile)
     every = outputs(out, "grammar", True)
     existing = [p for p in every.values() if p.exists()]
@@ -229,8 +230,8 @@ def run(cfg: ExportConfig) -> dict:
              "wordle_mlx.base_model": spec, "wordle_mlx.adapter": adapter.name}
     if decode is not None:
         extra["wordle_mlx.decode"] = decode
-    if trained_tags is not None:
-        extra["wordle_mlx.trained_tags"] = "true" if trained_tags else "false"
+    if trained_free is not None:
+        extra["wordle_mlx.trained_free"] = "true" if trained_free else "false"
     source = f"{spec} + {adapter.name}"
     texts = {}
     if files["grammar"] is not None:
@@ -263,7 +264,7 @@ def run(cfg: ExportConfig) -> dict:
               "adapter": display_path(adapter), "tensors": counts["tensors"], "vocab": counts["vocab"],
               "tokenizer": vocab.source, "non_text_tensors_left_out": skipped, "dequantized": quantized,
               "prompt": "recorded by the adapter" if recorded else "default (the adapter records none)",
-              "decode": decode, "trained_tags": trained_tags, "grammar_decode": mode,
+              "decode": decode, "trained_free": trained_free, "grammar_decode": mode,
               "size_mb": round(out.stat().st_size / 1e6, 1), "seconds": round(time.perf_counter() - start, 1)}
     if not cfg.json_output:
         written = ", ".join(p.name for key, p in files.items() if p is not None and key != "gguf")

@@ -180,7 +180,7 @@ def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
                             pad_to=cfg.data.pad_to, rank=rank, num_layers=num_layers,
                             keys=tuple(keys) if keys else None, grad_checkpoint=cfg.model.grad_checkpoint,
                             shared_prefix=shared, train_layers=cfg.lora.train_layers,
-                            grammar_loss=cfg.decode != "free", train_tags=cfg.train_tags)
+                            grammar_loss=cfg.decode != "free", train_free=cfg.train_free)
     return numbers, why
 
 

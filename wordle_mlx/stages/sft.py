@@ -5,8 +5,8 @@ Reads `train.jsonl`/`valid.jsonl` from `wordle-mlx data`, renders each record wi
 cross-entropy on assistant tokens only, projected onto the vocabulary only at those positions
 (`llm/training/sft_loss.py`), one batch of length-sorted examples a step, drawn in a fresh shuffled order every
 epoch. `decode` picks the loss: the full loss (free), the reply's letters as choices among the 26 letter tokens
-(grammar), or among the letters that continue an allowed word off the board (words), with `train_tags` adding the
-reply's forced tokens; the adapter records which, and eval, play and export default to it. Every
+(grammar), or among the letters that continue an allowed word off the board (words), with `train_free` adding the
+full loss of every reply token; the adapter records which, and eval, play and export default to it. Every
 `validation.every` steps it logs the validation loss and plays `validation.games` valid-split games. The run
 folder, checkpoints, resume, metrics and stop signals are the shared loop's (`llm/training/trainer.py`); a
 checkpoint carries the data position, and the dropout RNG is re-seeded from (seed, step) every step, so a
@@ -70,7 +70,7 @@ def make_batches(seqs: list[tuple], cfg: SFTConfig, world=None, letters: LetterL
     size_ = cfg.data.batch_size
     shares = [order[s:s + size_][rank::size] for s in range(0, len(order), size_)]
     extra = {} if letters is None else {"letter_ids": letters.letter_ids, "trie": letters.trie,
-                                        "train_tags": letters.train_tags}
+                                        "train_free": letters.train_free}
     return [make_batch([(*seqs[i][:2], seqs[i][2] if len(seqs[i]) > 2 and seqs[i][2] else ()) for i in mine],
                        cfg.data.pad_to, cfg.data.max_seq_length, True, **extra) if mine else None for mine in shares]
 
@@ -154,10 +154,10 @@ def prepare_batches(cfg: SFTConfig, tokenizer, prompt: PromptConfig, data_dir: P
                     valid_records: list, world) -> tuple[list, list, bool]:
     """(this rank's train batches, its validation batches, whether any rank has validation batches)."""
     train_seqs = with_boards(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), train_records)
-    letters = letter_loss(cfg.decode, cfg.train_tags, tokenizer, prompt, train_seqs, data_dir / "train.jsonl")
+    letters = letter_loss(cfg.decode, cfg.train_free, tokenizer, prompt, train_seqs, data_dir / "train.jsonl")
     valid_seqs = with_boards(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), valid_records)
     if letters is not None and valid_seqs:
-        letter_loss(cfg.decode, cfg.train_tags, tokenizer, prompt, valid_seqs, data_dir / "valid.jsonl")
+        letter_loss(cfg.decode, cfg.train_free, tokenizer, prompt, valid_seqs, data_dir / "valid.jsonl")
     valid = make_batches(valid_seqs, cfg, None, letters) if valid_records else []
     if cfg.validation.batches and cfg.validation.batches < len(valid):
         # batches are sorted by length: take them evenly across lengths, not just the shortest (empty boards)
@@ -210,7 +210,7 @@ def run(cfg: SFTConfig) -> dict:
     world.check_divisible(cfg.data.batch_size, "data.batch_size")
     run_dir = open_run(cfg, world)          # a run folder in the way is refused before anything loads
     data_dir, train_records, valid_records, prompt = load_data(cfg)
-    model, tokenizer, adapter_cfg, trainable = load_policy(cfg, prompt, cfg.decode, cfg.train_tags)
+    model, tokenizer, adapter_cfg, trainable = load_policy(cfg, prompt, cfg.decode, cfg.train_free)
     if world.is_main:
         warn_if_over_working_set("sft", cfg)     # one line on stderr when the plan exceeds this machine's memory
     batches = prepare_batches(cfg, tokenizer, prompt, data_dir, train_records, valid_records, world)

@@ -1,5 +1,5 @@
 """The `sft` stage's config: the shared training shape (`train_config.py`) plus `data` (the examples and how they
-are batched) and `train_tags`, validated in one place and apart from the stage, so that the planner reads it
+are batched) and `train_free`, validated in one place and apart from the stage, so that the planner reads it
 without importing the training loop. `decode` picks the loss: the full loss over the vocabulary (free), the
 reply's letters as choices among the 26 letter tokens (grammar), or among the letters that continue an allowed
 word not on the example's board (words).
@@ -49,7 +49,8 @@ class SFTConfig(TrainConfig):
     RENAMED: ClassVar[dict[str, str]] = {
         **COMMON_RENAMED, "model": "model.name", "data": "data.folder", "batch_size": "data.batch_size",
         "max_seq_length": "data.max_seq_length", "pad_to": "data.pad_to", "valid_every": "validation.every",
-        "valid_batches": "validation.batches", "grammar_loss": "decode (true: decode \"grammar\")"}
+        "valid_batches": "validation.batches", "grammar_loss": "decode (true: decode \"grammar\")",
+        "train_tags": "train_free (which trains every reply token over the vocabulary, not the tags alone)"}
     REMOVED: ClassVar[dict[str, str]] = {
         **COMMON_REMOVED, "grad_accumulation": "no recipe used it (1); raise data.batch_size",
         "share_prefix": "the shared start of a batch always runs once"}
@@ -63,6 +64,7 @@ class SFTConfig(TrainConfig):
         "grammar and words need letters-format replies without a think block."))
     validation: SFTValidation = Field(default_factory=SFTValidation)
     data: SFTData = Field(default_factory=SFTData)
-    train_tags: bool = Field(False, description="With decode grammar or words: also train the reply's other tokens "
-                             "(tags and end token, which those decodings force) over the whole vocabulary, so the "
-                             "adapter writes them itself and free decoding (Ollama, plain mlx_lm.generate) can play.")
+    train_free: bool = Field(False, description="With decode grammar or words: also train every reply token "
+                             "(letters, and the tags and end token those decodings force) over the whole vocabulary, "
+                             "added to the letters' loss, so that free decoding (Ollama, plain mlx_lm.generate) "
+                             "can play the adapter.")

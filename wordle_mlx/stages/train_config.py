@@ -4,7 +4,7 @@ Both stages train a LoRA adapter with the same loop (`llm/training/trainer.py`),
 sections under the same names: `model` (base model, dtype, the adapter to start from, gradient checkpointing),
 `lora` (mlx-lm's LoRA layout), `optimizer` (optimizer, learning rate and its warmup-then-cosine schedule,
 gradient clip), `run` (run folder, steps, seed, checkpoints, resume, overwrite, progress, reporting), `decode` and
-`max_tokens` (the decoding policy and the reply length) and `validation`. SFT adds `data` and `train_tags`
+`max_tokens` (the decoding policy and the reply length) and `validation`. SFT adds `data` and `train_free`
 (`sft_config.py`), GRPO adds `rl` and `reward` (`grpo_config.py`). `RENAMED` and `REMOVED` list where the fields
 of the older shapes live now, so a config that still uses one gets a one-line error naming the new place.
 """

@@ -35,12 +35,15 @@ DECODE_HELP = ("free: the model writes the whole reply over its full vocabulary;
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 SAMPLE_REPLY = "<guess> c r a n e</guess>"
 ADAPTER_DECODE_KEY = "decode"        # adapter_config.json: the decoding mode the adapter was trained for
-ADAPTER_TAGS_KEY = "trained_tags"    # adapter_config.json: whether the reply's tags were trained (free needs them)
+ADAPTER_FREE_KEY = "trained_free"    # adapter_config.json: whether every reply token was trained over the vocabulary
+LEGACY_TAGS_KEY = "trained_tags"     # what adapters recorded before: whether the tags alone were (free needs more)
 
 
 def adapter_decoding(adapter_dir: str | Path | None) -> tuple[str | None, bool | None]:
-    """(the decoding mode an adapter records it was trained for, whether its reply tags were trained); None for
-    what it does not record (adapters trained before the record existed)."""
+    """(the decoding mode an adapter records it was trained for, whether its whole reply was trained over the
+    vocabulary, which free decoding needs); None for what it does not record (adapters trained before the record
+    existed). An older adapter's `trained_tags` counts as trained for free only with `decode` free: the tags alone
+    were trained otherwise, and such an adapter loses every free game (docs/RESULTS.md)."""
     if adapter_dir is None:
         return None, None
     path = Path(adapter_dir) / "adapter_config.json"
@@ -50,26 +53,29 @@ def adapter_decoding(adapter_dir: str | Path | None) -> tuple[str | None, bool |
         return None, None        # a missing or broken adapter is reported by the model loader, with its own message
     if not isinstance(raw, dict):
         return None, None
-    mode, tags = raw.get(ADAPTER_DECODE_KEY), raw.get(ADAPTER_TAGS_KEY)
+    mode, tags = raw.get(ADAPTER_DECODE_KEY), raw.get(ADAPTER_FREE_KEY)
+    if tags is None and isinstance(raw.get(LEGACY_TAGS_KEY), bool):
+        tags = mode == "free" and raw[LEGACY_TAGS_KEY]
     if mode is not None and mode not in DECODE_MODES:
         raise UserError(f"{path}: {ADAPTER_DECODE_KEY}: unknown mode {mode!r}; use {', '.join(DECODE_MODES)}")
     if tags is not None and not isinstance(tags, bool):
-        raise UserError(f"{path}: {ADAPTER_TAGS_KEY}: expected true or false, got {tags!r}")
+        raise UserError(f"{path}: {ADAPTER_FREE_KEY}: expected true or false, got {tags!r}")
     return mode, tags
 
 
-def untrained_tags_warning(adapter_dir: str | Path | None, mode: str) -> str | None:
-    """One line when an adapter plays free decoding but records that its reply tags were never trained."""
+def untrained_free_warning(adapter_dir: str | Path | None, mode: str) -> str | None:
+    """One line when an adapter plays free decoding but records that its reply was never trained over the whole
+    vocabulary (only its letters among the letter tokens, perhaps its tags)."""
     recorded, tags = adapter_decoding(adapter_dir)
     if mode != "free" or tags is not False:
         return None
-    return (f"warning: adapter {adapter_dir} was trained for {recorded} decoding and never on the reply's tags; in free "
+    return (f"warning: adapter {adapter_dir} was trained for {recorded} decoding, never on the whole reply; in free "
             f"decoding it may lose its games on format errors (--decode {recorded} plays the policy it learned)")
 
 
-def decoding_record(mode: str, trained_tags: bool) -> dict:
+def decoding_record(mode: str, trained_free: bool) -> dict:
     """The adapter_config.json entries that record what an adapter was trained for."""
-    return {ADAPTER_DECODE_KEY: mode, ADAPTER_TAGS_KEY: bool(trained_tags)}
+    return {ADAPTER_DECODE_KEY: mode, ADAPTER_FREE_KEY: bool(trained_free)}
 
 
 def grammar_applies(prompt) -> bool:

@@ -1,11 +1,12 @@
 """The policy a training run trains: the base model with LoRA layers, fresh or from a start adapter.
 
-`load_policy(cfg, prompt, decode, trains_tags)` loads `model.name` in `model.dtype`; with `model.adapter` it loads
+`load_policy(cfg, prompt, decode, trains_free)` loads `model.name` in `model.dtype`; with `model.adapter` it loads
 that adapter as mlx-lm does (its own rank, scale and layers, cast to the model before its weights go in, so they
 load bit for bit), else it adds fresh LoRA layers from the `lora` section. Only LoRA weights train: those of the
 last `lora.train_layers` blocks when set. The adapter config it returns is what the run saves with its adapter:
 the layout, the base model, the prompt it plays and the decoding it was trained for (`decode`, and whether the
-reply's tags were trained: by the full loss, by `train_tags`, or by the start adapter).
+whole reply was trained over the vocabulary, which free decoding needs: by the full loss, by `train_free`, or by the
+start adapter).
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ def start_adapter(cfg) -> Path | None:
     return path
 
 
-def trained_record(decode: str, trains_tags: bool, start: Path | None) -> dict:
-    """What the adapter records it was trained for: `decode`, and whether the reply's tags were trained (by the
-    full loss of free decoding, by `trains_tags`, or by the start adapter)."""
-    return decoding_record(decode, decode == "free" or trains_tags or bool(adapter_decoding(start)[1]))
+def trained_record(decode: str, trains_free: bool, start: Path | None) -> dict:
+    """What the adapter records it was trained for: `decode`, and whether its whole reply was trained over the
+    vocabulary (by the full loss of free decoding, by `trains_free`, or by the start adapter)."""
+    return decoding_record(decode, decode == "free" or trains_free or bool(adapter_decoding(start)[1]))
 
 
-def load_policy(cfg, prompt: PromptConfig, decode: str, trains_tags: bool):
+def load_policy(cfg, prompt: PromptConfig, decode: str, trains_free: bool):
     """(model, tokenizer, adapter config, trainable parameter count) for a training run of `cfg`."""
     adapter = start_adapter(cfg)
     model, tokenizer = load_model(cfg.model.name, adapter_path=adapter, dtype=cfg.model.dtype)
@@ -72,6 +73,6 @@ def load_policy(cfg, prompt: PromptConfig, decode: str, trains_tags: bool):
         set_grad_checkpoint(model)
     configure_metal_memory()
     acfg.update({"base_model": cfg.model.name, ADAPTER_PROMPT_KEY: prompt.model_dump(),
-                 **trained_record(decode, trains_tags, adapter)})
+                 **trained_record(decode, trains_free, adapter)})
     trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     return model, tokenizer, acfg, trainable

@@ -15,8 +15,10 @@ which gives the same loss and gradient as the padded batch (tests/test_sft.py) f
 each a choice among the 26 letter tokens, projected on their 26 rows: the policy grammar decoding plays. With a
 `trie` as well (`decode` "words"), each letter's choices are only the letters that continue an allowed word that is
 not on the example's board (its third element: the board's words), the policy words decoding plays. With
-`train_tags`, the reply's other tokens (its tags and end token, which those decodings force) are targets too, over
-the whole vocabulary, so the adapter also writes them itself (free decoding).
+`train_free`, every reply token (its letters, and the tags and end token those decodings force) is also a target
+over the whole vocabulary, the full loss of free decoding, added to the letters' loss: an adapter that learns the
+tags alone writes `<guess>guess>guess>...` in free decoding, since its letters never had to beat the rest of the
+vocabulary (0 of 200 test games in the recipe run that trained so, docs/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class SFTBatch:
     prefix: mx.array | None = None   # (C,) int32 tokens every example starts with; `inputs` holds what follows
     letter_ids: mx.array | None = None   # grammar loss: the 26 letter token ids; `targets` index into them
     allowed: mx.array | None = None      # words loss: (P, 26) bool, the letters words decoding offers at each target
-    tags: tuple | None = None            # train_tags: (positions, token ids, weights) of the reply's forced tokens
+    tags: tuple | None = None            # train_free: (positions, token ids, weights) of every reply token
 
     def loss_args(self) -> tuple:
         """The arguments of `loss_sum` after the model, for this batch."""
@@ -56,13 +58,13 @@ class SFTBatch:
 
 class LetterLoss:
     """What the grammar and words losses need: the letter token ids, the allowed-words trie (words only) and
-    whether the forced tokens train too (`train_tags`)."""
+    whether the full loss of every reply token is added (`train_free`)."""
 
-    def __init__(self, letter_ids: list[int], trie: WordTrie | None, train_tags: bool):
-        self.letter_ids, self.trie, self.train_tags = letter_ids, trie, train_tags
+    def __init__(self, letter_ids: list[int], trie: WordTrie | None, train_free: bool):
+        self.letter_ids, self.trie, self.train_free = letter_ids, trie, train_free
 
 
-def letter_loss(decode: str, train_tags: bool, tokenizer, prompt_cfg, seqs: Sequence[tuple], source
+def letter_loss(decode: str, train_free: bool, tokenizer, prompt_cfg, seqs: Sequence[tuple], source
                 ) -> LetterLoss | None:
     """SFT's grammar or words loss (`decode`; None for free, the full loss) for tokenized examples (tokens,
     prompt length, board words or None), after checking that every reply has exactly 5 letter tokens and, for
@@ -88,7 +90,7 @@ def letter_loss(decode: str, train_tags: bool, tokenizer, prompt_cfg, seqs: Sequ
             if word not in trie.words or word in board:
                 raise UserError(f"{source}: record {i}: decode 'words': the reply {word!r} is "
                                 + ("not an allowed word" if word not in trie.words else "already on the board"))
-    return LetterLoss(ids, trie, train_tags)
+    return LetterLoss(ids, trie, train_free)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -118,11 +120,11 @@ def padded_arrays(positions: list[int], values: list, pad_to: int) -> tuple[mx.a
 
 def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | None = None,
                share_prefix: bool = False, letter_ids: Sequence[int] | None = None, trie=None,
-               train_tags: bool = False) -> SFTBatch:
+               train_free: bool = False) -> SFTBatch:
     """Arrays for a batch of (tokens, prompt_length[, board words]); see the module docstring. With `letter_ids`
     (the grammar loss) only the targets that are letter tokens are kept, as indices into `letter_ids`; with `trie`
-    (a WordTrie: the words loss) each gets the letters words decoding offers there; with `train_tags` the other
-    assistant tokens are kept as full-vocabulary targets in `tags`."""
+    (a WordTrie: the words loss) each gets the letters words decoding offers there; with `train_free` every
+    assistant token is also a full-vocabulary target in `tags`."""
     seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1], tuple(s[2]) if len(s) > 2 else ())
             for s in sequences]
     start = shared_start(seqs) if share_prefix else 0
@@ -134,10 +136,10 @@ def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | N
         written = ""
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
             if letter_ids is not None:
+                if train_free:                       # every reply token, letters too, over the vocabulary
+                    tag_positions.append(b * width + j - start)
+                    tag_targets.append(tokens[j + 1])
                 if tokens[j + 1] not in letter_ids:
-                    if train_tags:
-                        tag_positions.append(b * width + j - start)
-                        tag_targets.append(tokens[j + 1])
                     continue
                 index = letter_ids.index(tokens[j + 1])
                 targets.append(index)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import candidates
-from wordle_mlx.game.rewards import COMPONENTS, ReplyKind, RewardWeights, Rewards, TurnFacts
+from wordle_mlx.game.rewards import ReplyKind, RewardWeights, Rewards, TurnFacts
 from wordle_mlx.game.words import answers, guess_list
 from wordle_mlx.config import validate_config
 from wordle_mlx.errors import UserError

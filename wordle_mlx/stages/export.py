@@ -97,7 +97,7 @@ def dense_weight(module):
 
 
 def dense_shape(module) -> tuple:
-    rows, cols = module.weight.shape[0], module.weight.shape[-1]
+    rows = module.weight.shape[0]
     return (rows, module.scales.shape[-1] * module.group_size) if "scales" in module else tuple(module.weight.shape)
 
 

@@ -10,18 +10,19 @@
 # letters that continue an allowed word not already on the board. The three teacher passes train the letters as
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
 # passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
-# steps from the SFT start as step 0, the best kept) all use words decoding; the last SFT pass also trains the
-# reply's tags (train_free), which its last run showed is not enough for --decode free (0 of 200 test games: the
-# letters were never scored against the whole vocabulary). Each adapter records its decoding
+# steps from the SFT start as step 0, the best kept) all use words decoding; the last SFT pass also trains every
+# reply token over the whole vocabulary (train_free), so that --decode free plays (52 of 200 test games, against 0
+# when only the tags were; it doubles that pass's time). Each adapter records its decoding
 # (adapter_config.json), and eval plays it by default.
 #
-# Time, estimated from the stages' measured times of the grammar-decoding run (docs/RESULTS.md): about 2 h 25 min
-# of training on 2 cores at 23 s a GRPO step (GRPO and its 6 validation passes about 45 min, the tags about 6 more
-# minutes of sft-cover), up to about 2 h 50 min if GRPO steps take the 38 s of the longest measured ones; then
-# about 25 min of evals. Those stage times are an AVX-512 host's; its last run, on an AVX2 host with 2 cores,
-# took 5 h 35 min of training (GRPO's 100 steps 89 min) and 32 min of evals (docs/RESULTS.md, "The recipe").
+# Time, estimated from the stages' measured times of the grammar-decoding run (docs/RESULTS.md): about 2 h 30 min
+# of training on 2 cores at 23 s a GRPO step (GRPO and its 6 validation passes about 45 min; train_free doubles
+# sft-cover's 10 min, as it did on the AVX2 host), up to about 2 h 55 min if GRPO steps take the 38 s of the longest
+# measured ones; then about 40 min of evals (free decoding plays whole games now). Those stage times are an AVX-512
+# host's; its last run, on an AVX2 host with 2 cores, took 5 h 35 min of training (GRPO's 100 steps 89 min; the
+# tags alone in sft-cover: train_free then took 76 min instead of 38) and 32 min of evals (docs/RESULTS.md).
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
-# (no 262k-entry softmax; the last pass adds the few tag tokens), every pass after the first trains only the
+# (no 262k-entry softmax; the last pass adds it for its whole reply), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and
 # GRPO and the evals decode letters on those rows.
 #
@@ -105,7 +106,7 @@ for n in 2 3 4; do
 done
 # The coverage round: a second self-play round from that adapter; every answer that fits some tight board of it
 # (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it that also trains
-# the reply's tags (train_free), then 100 GRPO steps with plain SGD in words decoding, playing full games on from
+# every reply token over the vocabulary (train_free), then 100 GRPO steps with plain SGD in words decoding, playing full games on from
 # the greedy reply; the 100 validation words are played every 20 steps (the SFT start as step 0) and the run's
 # adapters/ are the pass with the most wins (validation keeps the best: the SFT start when no step beats it).
 stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress

@@ -303,6 +303,14 @@ class SFTTest(unittest.TestCase):
         self.assertGreater(first["target_tokens"], 2 * 5 * 4)       # letters twice, and the tags, of 4 replies
         acfg = json.loads((Path(result["run"]) / "adapters" / "adapter_config.json").read_text())
         self.assertEqual((acfg["decode"], acfg["trained_free"]), ("words", True))
+        # a start adapter with the old record (the tags alone, words decoding): not trained for free, and the old
+        # key does not carry over
+        start = Path(result["run"]) / "adapters"
+        old = {k: v for k, v in acfg.items() if k != "trained_free"}
+        (start / "adapter_config.json").write_text(json.dumps({**old, "trained_tags": True}))
+        again = sft.run(self.config("words-again", data=str(folder), steps=1, decode="words", start_adapter=str(start)))
+        acfg = json.loads((Path(again["run"]) / "adapters" / "adapter_config.json").read_text())
+        self.assertEqual((acfg["decode"], acfg["trained_free"], "trained_tags" in acfg), ("words", False, False))
         records = data.read_sft_jsonl(folder / "train.jsonl")
         seeded = next(i for i, r in enumerate(records) if r["meta"]["history"])
         records[seeded]["meta"]["history"].append(records[seeded]["meta"]["target"])

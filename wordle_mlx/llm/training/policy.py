@@ -25,7 +25,7 @@ from ..model.lora import adapter_config, apply_lora, freeze_lora_below, lora_par
 from ..model.memory import configure_metal_memory
 from ..model.models import load_model
 from ..play.prompts import ADAPTER_PROMPT_KEY, PromptConfig
-from ..play.reply_grammar import adapter_decoding, decoding_record
+from ..play.reply_grammar import LEGACY_TAGS_KEY, adapter_decoding, decoding_record
 
 
 def start_adapter(cfg) -> Path | None:
@@ -72,6 +72,7 @@ def load_policy(cfg, prompt: PromptConfig, decode: str, trains_free: bool):
     if cfg.model.grad_checkpoint:
         set_grad_checkpoint(model)
     configure_metal_memory()
+    acfg.pop(LEGACY_TAGS_KEY, None)       # a start adapter's old record: trained_free replaces it
     acfg.update({"base_model": cfg.model.name, ADAPTER_PROMPT_KEY: prompt.model_dump(),
                  **trained_record(decode, trains_free, adapter)})
     trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))

@@ -97,8 +97,9 @@ def dense_weight(module):
 
 
 def dense_shape(module) -> tuple:
-    rows = module.weight.shape[0]
-    return (rows, module.scales.shape[-1] * module.group_size) if "scales" in module else tuple(module.weight.shape)
+    if "scales" in module:
+        return (module.weight.shape[0], module.scales.shape[-1] * module.group_size)
+    return tuple(module.weight.shape)
 
 
 def fused_lora_weight(module):

@@ -48,12 +48,12 @@ class SFTBatch:
     prefix: mx.array | None = None   # (C,) int32 tokens every example starts with; `inputs` holds what follows
     letter_ids: mx.array | None = None   # grammar loss: the 26 letter token ids; `targets` index into them
     allowed: mx.array | None = None      # words loss: (P, 26) bool, the letters words decoding offers at each target
-    tags: tuple | None = None            # train_free: (positions, token ids, weights) of every reply token
+    vocab: tuple | None = None           # train_free: (positions, token ids, weights) of every reply token
 
     def loss_args(self) -> tuple:
         """The arguments of `loss_sum` after the model, for this batch."""
         return (self.inputs, self.positions, self.targets, self.weights, False, self.prefix, self.letter_ids,
-                self.allowed, self.tags)
+                self.allowed, self.vocab)
 
 
 class LetterLoss:
@@ -124,21 +124,21 @@ def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | N
     """Arrays for a batch of (tokens, prompt_length[, board words]); see the module docstring. With `letter_ids`
     (the grammar loss) only the targets that are letter tokens are kept, as indices into `letter_ids`; with `trie`
     (a WordTrie: the words loss) each gets the letters words decoding offers there; with `train_free` every
-    assistant token is also a full-vocabulary target in `tags`."""
+    assistant token is also a full-vocabulary target in `vocab`."""
     seqs = [(list(s[0][:max_length]) if max_length else list(s[0]), s[1], tuple(s[2]) if len(s) > 2 else ())
             for s in sequences]
     start = shared_start(seqs) if share_prefix else 0
     width = round_up(max(len(t) - 1 - start for t, _, _ in seqs), pad_to)
     inputs = np.zeros((len(seqs), width), dtype=np.int32)
-    positions, targets, allowed, tag_positions, tag_targets = [], [], [], [], []
+    positions, targets, allowed, vocab_positions, vocab_targets = [], [], [], [], []
     for b, (tokens, offset, board) in enumerate(seqs):
         inputs[b, : len(tokens) - 1 - start] = tokens[start:-1]
         written = ""
         for j in range(max(offset - 1, 0), len(tokens) - 1):   # predicts tokens[j + 1], an assistant token
             if letter_ids is not None:
                 if train_free:                       # every reply token, letters too, over the vocabulary
-                    tag_positions.append(b * width + j - start)
-                    tag_targets.append(tokens[j + 1])
+                    vocab_positions.append(b * width + j - start)
+                    vocab_targets.append(tokens[j + 1])
                 if tokens[j + 1] not in letter_ids:
                     continue
                 index = letter_ids.index(tokens[j + 1])
@@ -161,11 +161,11 @@ def make_batch(sequences: Sequence[tuple], pad_to: int = 32, max_length: int | N
         mask = np.ones((round_up(n, pad_to), 26), dtype=bool)
         mask[:n] = allowed
         mask = mx.array(mask)
-    tags = padded_arrays(tag_positions, tag_targets, pad_to) if tag_positions else None
+    vocab = padded_arrays(vocab_positions, vocab_targets, pad_to) if vocab_positions else None
     return SFTBatch(inputs=mx.array(inputs), positions=pos, targets=tgt, weights=weights,
-                    tokens=n + len(tag_positions), length=sum(len(s[0]) for s in seqs),
+                    tokens=n + len(vocab_positions), length=sum(len(s[0]) for s in seqs),
                     prefix=mx.array(seqs[0][0][:start], dtype=mx.int32) if start else None,
-                    letter_ids=mx.array(list(letter_ids)) if letter_ids is not None else None, allowed=mask, tags=tags)
+                    letter_ids=mx.array(list(letter_ids)) if letter_ids is not None else None, allowed=mask, vocab=vocab)
 
 
 def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx.array, mx.array]:
@@ -185,30 +185,30 @@ def masked_cross_entropy(logits, targets, allowed):
 
 
 def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = False, prefix=None, letter_ids=None,
-             allowed=None, tags=None):
+             allowed=None, vocab=None):
     """(summed weighted cross-entropy over real targets, their summed weight); `prefix`: see `make_batch`; with
     `letter_ids`, the cross-entropy over those tokens only (targets index into them: the grammar loss), over the
-    `allowed` ones of each row when given (the words loss); `tags`: (positions, token ids, weights) scored over
+    `allowed` ones of each row when given (the words loss); `vocab`: (positions, token ids, weights) scored over
     the whole vocabulary and added."""
     if prefix is not None and (full_logits or not has_split_head(model)):
         continuations = inputs
         inputs, positions = unshare(prefix, continuations, positions)
-        if tags is not None:
-            tags = (unshare(prefix, continuations, tags[0])[1], *tags[1:])
+        if vocab is not None:
+            vocab = (unshare(prefix, continuations, vocab[0])[1], *vocab[1:])
         prefix = None
-    if tags is not None:
-        tag_pos, tag_targets, tag_weights = tags
-        both = mx.concatenate([positions, tag_pos])
+    if vocab is not None:
+        vocab_pos, vocab_targets, vocab_weights = vocab
+        both = mx.concatenate([positions, vocab_pos])
         if full_logits or not has_split_head(model):
             logits = full_logits_at(model, inputs, both).astype(mx.float32)
-            letters, tag_logits = logits[:positions.shape[0], letter_ids], logits[positions.shape[0]:]
+            letters, vocab_logits = logits[:positions.shape[0], letter_ids], logits[positions.shape[0]:]
         else:
             hidden = hidden_at(model, inputs, both, prefix)
             letters = project(model, hidden[:positions.shape[0]], letter_ids).astype(mx.float32)
-            tag_logits = project(model, hidden[positions.shape[0]:]).astype(mx.float32)
+            vocab_logits = project(model, hidden[positions.shape[0]:]).astype(mx.float32)
         ce = masked_cross_entropy(letters, targets, allowed)
-        tag_ce = nn.losses.cross_entropy(tag_logits, tag_targets)
-        return (ce * weights).sum() + (tag_ce * tag_weights).sum(), weights.sum() + tag_weights.sum()
+        vocab_ce = nn.losses.cross_entropy(vocab_logits, vocab_targets)
+        return (ce * weights).sum() + (vocab_ce * vocab_weights).sum(), weights.sum() + vocab_weights.sum()
     if prefix is not None:
         logits = shared_prefix_logits(model, prefix, inputs, positions, letter_ids).astype(mx.float32)
     elif full_logits:

@@ -35,9 +35,10 @@ ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
 README = """# {out}
 
 LoRA adapter (mlx-lm format) for `builtin:gemma-3-270m`, packaged from `{adapter}` by
-`scripts/ship_adapter.py`; `scripts/train_270m_cpu.sh` (`make train-270m`) is the recipe that trains it,
-and docs/RESULTS.md has every number with its command. Its `adapter_config.json` records the prompt
-settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train` use for it.
+`scripts/ship_adapter.py`. `recipe/` holds the configs that trained it, in order; docs/RESULTS.md ("The
+shipped adapter") says which run that was and has every number with its command. Its `adapter_config.json`
+records the prompt settings it was trained with (`wordle_prompt`) and the decoding it was trained for
+(`decode`, `trained_free`), which `eval`, `play` and `train` use for it.
 
     wordle-mlx play --adapter {out}
     wordle-mlx eval --adapter {out} --games 200 --max-tokens {max_tokens} --no-baselines
@@ -49,7 +50,7 @@ settings it was trained with (`wordle_prompt`), which `eval`, `play` and `train`
   with the fitting answer the model scored highest. The SFT configs after the third train on them, in order,
   each from the adapter its `model.adapter` names (the stage before it). `grpo.json`, or `grpo_N.json` for
   several GRPO stages in the order they ran: each names the adapter it starts from (`model.adapter`);
-  the last one trained this adapter. `scripts/train_270m_cpu.sh` runs them all in order.
+  the last one trained this adapter. Run in that order, they train it again.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 

@@ -15,12 +15,12 @@
 # when only the tags were; it doubles that pass's time). Each adapter records its decoding
 # (adapter_config.json), and eval plays it by default.
 #
-# Time, estimated from the stages' measured times of the grammar-decoding run (docs/RESULTS.md): about 2 h 30 min
-# of training on 2 cores at 23 s a GRPO step (GRPO and its 6 validation passes about 45 min; train_free doubles
-# sft-cover's 10 min, as it did on the AVX2 host), up to about 2 h 55 min if GRPO steps take the 38 s of the longest
-# measured ones; then about 40 min of evals (free decoding plays whole games now). Those stage times are an AVX-512
-# host's; its last run, on an AVX2 host with 2 cores, took 5 h 35 min of training (GRPO's 100 steps 89 min; the
-# tags alone in sft-cover: train_free then took 76 min instead of 38) and 32 min of evals (docs/RESULTS.md).
+# Time, estimated from measured stage times (docs/RESULTS.md): about 2 h 20 min of training on 2 cores: the
+# grammar-decoding run's stages up to cover, then sft-cover with train_free (21 min) and GRPO's 100 steps with
+# their 6 validation passes (32 min) as the shipped adapter's round measured them; then about 40 min of evals
+# (free decoding plays whole games now). Those stage times are AVX-512 hosts'; its last run, on an AVX2 host with
+# 2 cores, took 5 h 35 min of training (GRPO's 100 steps 89 min; the tags alone in sft-cover: train_free then took
+# 76 min instead of 38) and 32 min of evals (docs/RESULTS.md).
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (no 262k-entry softmax; the last pass adds it for its whole reply), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and

@@ -78,17 +78,17 @@ class ShippedConfigTest(unittest.TestCase):
 
     def test_the_shipped_adapters_recorded_recipe_is_read_or_refused_in_one_line(self):
         """adapters/gemma-3-270m-wordle/recipe/ records the configs that trained it, in the config shape of the
-        version that trained it: its data and self-play configs load with today's strict loader, and its SFT and
-        GRPO configs (the shape before one trainer) are refused with a one-line error that names the new place of
-        their first old field."""
+        version that trained each: its data and self-play configs load with today's strict loader; the earlier
+        chain's SFT and GRPO configs (sft_1-9, grpo_1-3: the shape before one trainer) are refused with a one-line
+        error that names the new place of their first old field, and the last round's (sft_10, grpo_4) load."""
         recipe = ROOT / "adapters" / "gemma-3-270m-wordle" / "recipe"
         kinds = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "choice": ChoiceConfig}
         files = sorted(recipe.glob("*.json"))
-        self.assertEqual(len(files), 17)
+        self.assertEqual(len(files), 20)
         for path in files:
             with self.subTest(config=path.name):
-                kind = path.stem.split("_")[0]
-                if kind in ("sft", "grpo"):
+                kind, number = path.stem.split("_")
+                if int(number) <= {"sft": 9, "grpo": 3}.get(kind, 0):        # the earlier chain's shape
                     with self.assertRaisesRegex(UserError, rf"^{re.escape(str(path))}: \S+ (is now|was removed)"):
                         load_config(path, kinds[kind])
                 else:

@@ -136,10 +136,11 @@ class AdapterDecodingTest(unittest.TestCase):
         adapter = self.record(decode="words", trained_free=False)
         self.assertEqual(RolloutConfig().for_adapter(adapter).decode, "words")    # play's default too
 
-    def test_the_shipped_adapter_records_nothing_and_keeps_grammar(self):
-        """So `eval --adapter adapters/gemma-3-270m-wordle` plays the games it played before the record existed."""
-        self.assertEqual(adapter_decoding(SHIPPED), (None, None))
-        self.assertEqual(RolloutConfig().for_adapter(SHIPPED).decode, "grammar")
+    def test_the_shipped_adapter_plays_words_decoding_by_default(self):
+        """`eval --adapter adapters/gemma-3-270m-wordle` plays the game's rule, and its whole reply was trained
+        over the vocabulary, so `--decode free` (Ollama, plain mlx_lm.generate) gives no warning."""
+        self.assertEqual(adapter_decoding(SHIPPED), ("words", True))
+        self.assertEqual(RolloutConfig().for_adapter(SHIPPED).decode, "words")
 
     def test_free_decoding_warns_when_the_whole_reply_was_never_trained(self):
         result, err = self.run_eval(self.record(decode="grammar", trained_free=False), **{"rollout.decode": "free",

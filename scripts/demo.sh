@@ -41,7 +41,7 @@ $W plot --file logs/demo-sft/metrics.jsonl --out "$OUT/plots/sft"
 $W plot --file logs/demo-grpo/metrics.jsonl --out "$OUT/plots/grpo"
 $W plot --compare "$OUT/eval.json" --labels demo-grpo --with-baselines --out "$OUT/plots/compare"
 
-step "the shipped adapter (adapters/gemma-3-270m-wordle, trained by make train-270m) plays one test word"
+step "the shipped adapter (adapters/gemma-3-270m-wordle; docs/RESULTS.md says how it was trained) plays one test word"
 $W play --adapter adapters/gemma-3-270m-wordle --secret trail --max-tokens 16
 
 echo

@@ -49,8 +49,9 @@ records the prompt settings it was trained with (`wordle_prompt`) and the decodi
   `choice_N.json`, when present: self-play rounds (`wordle-mlx data self-play`), self-play boards labelled
   with the fitting answer the model scored highest. The SFT configs after the third train on them, in order,
   each from the adapter its `model.adapter` names (the stage before it). `grpo.json`, or `grpo_N.json` for
-  several GRPO stages in the order they ran: each names the adapter it starts from (`model.adapter`);
-  the last one trained this adapter. Run in that order, they train it again.
+  several GRPO stages in the order they ran. Every SFT and GRPO config names the adapter it starts from
+  (`model.adapter`), so the chain reads back from the stage that trained this adapter; run in that order,
+  they train it again.
 - `data_seed.json`: the data configs (their seeds regenerate the training data) and every train/valid
   secret; `tests/test_shipped_adapter.py` checks that none is a test word.
 
@@ -159,7 +160,7 @@ def main() -> None:
     ap.add_argument("--sft-config", action="append", required=True,
                     help="Repeatable, in order: 'FILE [--seed N --run-name NAME ...]' (flags as given to sft).")
     ap.add_argument("--grpo-config", type=Path, action="append", default=[],
-                    help="GRPO stages' configs (repeatable, in order); the last one trained --adapter.")
+                    help="GRPO stages' configs (repeatable, in order).")
     ap.add_argument("--choice-config", type=Path, action="append", default=[],
                     help="Self-play rounds' configs (repeatable, in order); their data folders' secrets are added.")
     ap.add_argument("--eval", type=Path, action="append", default=[], help="Eval JSON files to ship (repeatable).")

@@ -80,11 +80,11 @@ class ShippedConfigTest(unittest.TestCase):
         """adapters/gemma-3-270m-wordle/recipe/ records the configs that trained it, in the config shape of the
         version that trained each: its data and self-play configs load with today's strict loader; the earlier
         chain's SFT and GRPO configs (sft_1-9, grpo_1-3: the shape before one trainer) are refused with a one-line
-        error that names the new place of their first old field, and the last round's (sft_10, grpo_4) load."""
+        error that names the new place of their first old field, and the later rounds' (sft_10-12, grpo_4) load."""
         recipe = ROOT / "adapters" / "gemma-3-270m-wordle" / "recipe"
         kinds = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "choice": ChoiceConfig}
         files = sorted(recipe.glob("*.json"))
-        self.assertEqual(len(files), 20)
+        self.assertEqual(len(files), 24)
         for path in files:
             with self.subTest(config=path.name):
                 kind, number = path.stem.split("_")

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,13 +26,19 @@ SHIPPED = ROOT / "adapters" / "gemma-3-270m-wordle"
 
 
 def shipped_eval() -> dict:
-    """The shipped adapter's greedy empty-board test eval in the decoding it records (grammar without a record)."""
+    """The shipped adapter's greedy empty-board test eval in the decoding it records (grammar without a record):
+    of the package's eval JSONs, the one made with the adapter it was packaged from (its README names it; the
+    package also holds evals of the stages before it)."""
     recorded = json.loads((SHIPPED / "adapter_config.json").read_text()).get("decode", "grammar")
+    source = re.search(r"packaged from `([^`]+)`", (SHIPPED / "README.md").read_text())
+    if source is None:
+        raise AssertionError(f"{SHIPPED / 'README.md'}: does not say which adapter it was packaged from")
     evals = [json.loads(p.read_text()) for p in sorted(SHIPPED.glob("eval_*.json"))]
     greedy = [e for e in evals if e["temperature"] == 0 and e["history"] == "none" and e["split"] == "test"
-              and e.get("decode", "free") == recorded and not e.get("constrain")]
-    if not greedy:
-        raise AssertionError(f"{SHIPPED}: no greedy empty-board test eval JSON in {recorded} decoding shipped")
+              and e.get("decode", "free") == recorded and not e.get("constrain") and e["adapter"] == source[1]]
+    if len(greedy) != 1:
+        raise AssertionError(f"{SHIPPED}: {len(greedy)} greedy empty-board test eval JSONs of {source[1]} in "
+                             f"{recorded} decoding shipped, expected 1")
     return greedy[0]
 
 

@@ -17,8 +17,8 @@
 #
 # Time, estimated from measured stage times (docs/RESULTS.md): about 2 h 20 min of training on 2 cores: the
 # grammar-decoding run's stages up to cover, then sft-cover with train_free (21 min) and GRPO's 100 steps with
-# their 6 validation passes (32 min) as the shipped adapter's round measured them; then about 40 min of evals
-# (free decoding plays whole games now). Those stage times are AVX-512 hosts'; its last run, on an AVX2 host with
+# their 6 validation passes (32 min) as coverage round 1 of the shipped adapter measured them; then about 40 min
+# of evals (free decoding plays whole games now). Those stage times are AVX-512 hosts'; its last run, on an AVX2 host with
 # 2 cores, took 5 h 35 min of training (GRPO's 100 steps 89 min; the tags alone in sft-cover: train_free then took
 # 76 min instead of 38) and 32 min of evals (docs/RESULTS.md).
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens

@@ -4,10 +4,11 @@
 # data -> three SFT passes on the entropy solver's games (decode "grammar": the 5 letters as choices among 26)
 # -> a self-choice round in words decoding (each board the model reaches is labelled with the fitting answer it
 # scores highest) -> four SFT passes on it (decode "words") -> a second self-choice round with answer coverage
-# (`data cover`) -> one SFT pass that also trains every reply token over the vocabulary (train_free) -> 100 GRPO steps with plain SGD in words
-# decoding, validated every 20 steps and the best kept -> evals -> fuse (4-bit: dequantized, the way that keeps
-# the adapter) -> the fused model's eval. What differs from the 270M recipe, and why: docs/RESULTS.md ("The 4B
-# recipe"). Configs: config/gemma3-4b/ (VARIANT=bf16 for 24 GB and more, VARIANT=4bit for 16 GB).
+# (`data cover`) -> one SFT pass that also trains every reply token over the vocabulary (train_free) -> 100 GRPO
+# steps with plain SGD in words decoding, validated every 20 steps and the best kept -> evals -> fuse (4-bit:
+# dequantized, the way that keeps the adapter) -> the fused model's eval. What differs from the 270M recipe, and
+# why: docs/RESULTS.md ("The 4B recipe"). Configs: config/gemma3-4b/ (VARIANT=bf16 for 24 GB and more,
+# VARIANT=4bit for 16 GB).
 # `wordle-mlx plan --config FILE` prints each training stage's expected peak memory before it runs, with or
 # without the model downloaded; `wordle-mlx plan --config FILE --measure` also runs two real steps and projects
 # the stage's time on your Mac.

@@ -299,6 +299,45 @@ class Stage(unittest.TestCase):
             files = plot_run(PlotConfig(file=str(run_dir / "metrics.jsonl"), out=str(run_dir / "plots")))["files"]
         self.assertIn("validation.png", [Path(f).name for f in files])
 
+    def test_validation_games_are_evals_boards(self):
+        """`validation.history`: the empty board, the boards `eval --split valid --history seeded --seed 0` plays,
+        or both, each kind in the words' order."""
+        from wordle_mlx.game.solver import Solver
+        from wordle_mlx.stages.entropy import load_table
+        from wordle_mlx.stages.evaluate import EvalConfig, game_specs
+        solver = Solver(load_table(show_progress=False))
+        words = stage.split_words("valid")[:12]
+        evals = game_specs(EvalConfig(split="valid", history="seeded", seed=0, games=12), solver)
+        self.assertEqual(list(stage.validation_games(words, "none", solver)), ["empty"])
+        both = stage.validation_games(words, "both", solver)
+        self.assertEqual(list(both), ["empty", "seeded"])
+        self.assertEqual([(g.secret, list(g.seeded_guesses)) for g in both["empty"]], [(w, []) for w in words])
+        self.assertEqual([(g.secret, list(g.seeded_guesses)) for g in both["seeded"]],
+                         [(g.secret, list(g.seeded_guesses)) for g in evals])
+        self.assertTrue(any(g.seeded_guesses for g in both["seeded"]))
+        self.assertEqual(stage.validation_games(words, "seeded", solver)["seeded"], both["seeded"])
+
+    def test_validation_from_both_boards_counts_every_game(self):
+        """With history "both" a validation pass plays each word twice; its win rate is over all the games and
+        each kind's win rate is logged beside it."""
+        cfg = stage_config(self.tmp.name, steps=1)
+        cfg = cfg.model_copy(update={"validation": cfg.validation.model_copy(
+            update={"every": 1, "games": 3, "history": "both"})})
+        stage.run(cfg)
+        valid = [r for _, r in read_jsonl(Path(self.tmp.name) / "run" / "metrics.jsonl") if r["kind"] == "valid"]
+        self.assertEqual([r["step"] for r in valid], [0, 1])
+        for rec in valid:
+            self.assertEqual(len(rec["games"]), 6)
+            wins = sum(bool(g["won"]) for g in rec["games"])
+            self.assertEqual(rec["win_rate"], wins / 6)
+            self.assertAlmostEqual(rec["win_rate"], (rec["win_rate_empty"] + rec["win_rate_seeded"]) / 2,
+                                   delta=1e-12)
+        from wordle_mlx.plots.charts import validation_chart
+        from wordle_mlx.plots.runlog import load_run
+        fig = validation_chart(load_run(Path(self.tmp.name) / "run" / "metrics.jsonl"), 5)
+        labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
+        self.assertEqual(sum(label.startswith(("empty boards", "seeded boards")) for label in labels), 2, labels)
+
     def test_nonfinite_loss_is_skipped_then_stops(self):
         def nan_loss(model, arrays, settings, ref=None):
             loss, stats = grpo_loss(model, arrays, settings, ref)

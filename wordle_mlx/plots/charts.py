@@ -168,7 +168,8 @@ def error_rates_chart(log: RunLog, window: int) -> Figure | None:
 
 def validation_chart(log: RunLog, window: int) -> Figure | None:
     """GRPO's validation passes: the win rate on the same validation words at each pass (the start adapter at step
-    0), beside the share of the step's groups skipped for zero reward variance."""
+    0; with empty and seeded boards, each kind's too), beside the share of the step's groups skipped for zero
+    reward variance."""
     steps, rates = log.series("valid", "win_rate")
     if not steps:
         return None
@@ -177,6 +178,11 @@ def validation_chart(log: RunLog, window: int) -> Figure | None:
     line(axes[0], steps, rates, f"last: {100 * rates[-1]:.0f}% (best {100 * max(rates):.0f}% at step "
                                 f"{steps[rates.index(max(rates))]}, {games[-1]} games a pass)", color(0))
     axes[0].plot(steps, rates, "o", color=color(0), markersize=3)
+    kinds = [(kind, *log.series("valid", f"win_rate_{kind}")) for kind in ("empty", "seeded")]
+    if all(kind_steps for _, kind_steps, _ in kinds):     # validation.history "both": each kind's curve too
+        for i, (kind, kind_steps, kind_rates) in enumerate(kinds):
+            axes[0].plot(kind_steps, kind_rates, "--", color=color(2 + i), label=f"{kind} boards: last "
+                         f"{100 * kind_rates[-1]:.0f}%, first {100 * kind_rates[0]:.0f}%")
     style_axes(axes[0], "Validation wins (greedy, the same words each pass)", "step", "win rate")
     axes[0].set_ylim(-0.02, 1.02)
     percent_y(axes[0])

@@ -24,7 +24,8 @@ STEP_KINDS = ("train", "valid", "sft", "sft_valid")
 NUMERIC_FIELDS = {
     "train": ("lr", "loss", "kl", "grad_norm", "reward_mean", "reward_std", "win_rate", "mean_guesses",
               "format_error_rate", "invalid_rate", "repeat_rate", "skipped_group_share"),
-    "valid": ("win_rate", "mean_guesses", "format_error_rate", "invalid_rate", "repeat_rate"),
+    "valid": ("win_rate", "win_rate_empty", "win_rate_seeded", "mean_guesses", "format_error_rate", "invalid_rate",
+              "repeat_rate"),
     "sft": ("lr", "loss", "grad_norm", "tokens", "tokens_per_second"),
     "sft_valid": ("val_loss", "win_rate", "format_error_rate"),
 }

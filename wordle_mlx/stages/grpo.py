@@ -7,10 +7,11 @@ groups whose rewards differ. Rollouts and update use the run's decoding (`decode
 the update scores the letters over the same allowed letters the sampler chose from. The model starts from the
 base weights or from an SFT adapter (`model.adapter`, whose LoRA layout and recorded prompt it keeps). Validation
 (`validation.every`) plays the same valid-split words greedily before the first step (the start adapter, step 0)
-and every N steps, and the run's adapters/ at the end is the one with the most wins (adapters_best/; the earliest
-on a tie). Run folder, checkpoints, resume, metrics and stop signals are the shared loop's
-(`llm/training/trainer.py`); a checkpoint carries the prompt stream and numpy's random state, and the sampling
-seed is a function of the run seed and the step, so a resumed run plays what an uninterrupted one would.
+and every N steps, from the empty board, from seeded boards or both (`validation.history`), and the run's
+adapters/ at the end is the one with the most wins (adapters_best/; the earliest on a tie). Run folder,
+checkpoints, resume, metrics and stop signals are the shared loop's (`llm/training/trainer.py`); a checkpoint
+carries the prompt stream and numpy's random state, and the sampling seed is a function of the run seed and the
+step, so a resumed run plays what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..game.rewards import Rewards
-from ..game.seeding import HistoryPolicy, seed_history
+from ..game.seeding import HistoryPolicy, history_rng, seed_history
 from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.words import answers, guess_list
@@ -82,15 +83,34 @@ def letter_choices(tokenizer, mode: str, allowed) -> LetterChoices | None:
     return LetterChoices(LetterGrammar.for_tokenizer(tokenizer), WordTrie(allowed) if mode == "words" else None)
 
 
-def validate(model, tokenizer, rcfg: RolloutConfig, words: list[str], allowed: frozenset, world) -> dict:
-    """Play the fixed validation words greedily (each rank its share, results gathered in the words' order)."""
-    mine = world.shard(words)
-    episodes = play_games(model, tokenizer, [GameSpec(w) for w in mine], rcfg, allowed) if mine else []
-    replies = [t for ep in episodes for t in ep.turns]
-    parts = world.gather_json({"counts": step_metrics.game_counts(episodes, replies),
-                               "games": [ep.outcome() for ep in episodes]}, "all_gather of validation games")
-    return {**step_metrics.rates_from_counts([p["counts"] for p in parts]),
-            "games": interleave([p["games"] for p in parts])}
+def validation_games(words: list[str], history: str, solver: Solver) -> dict[str, list[GameSpec]]:
+    """The validation games by kind: each word from the empty board ("empty"), from the board `eval --history
+    seeded` gives it at seed 0 ("seeded"), or both (`validation.history` none, seeded, both)."""
+    games = {}
+    if history in ("none", "both"):
+        games["empty"] = [GameSpec(w) for w in words]
+    if history in ("seeded", "both"):
+        games["seeded"] = [GameSpec(w, seed_history(w, history_rng(0, w), solver, HistoryPolicy())[0])
+                           for w in words]
+    return games
+
+
+def validate(model, tokenizer, rcfg: RolloutConfig, games: dict[str, list[GameSpec]], allowed: frozenset,
+             world) -> dict:
+    """Play the fixed validation games greedily (each rank its share, results gathered in the games' order); the
+    rates are over all of them, with each kind's win rate (`win_rate_empty`, `win_rate_seeded`) beside."""
+    record, counts, outcomes = {}, [], []
+    for kind, specs in games.items():
+        mine = world.shard(specs)
+        episodes = play_games(model, tokenizer, mine, rcfg, allowed) if mine else []
+        replies = [t for ep in episodes for t in ep.turns]
+        parts = world.gather_json({"counts": step_metrics.game_counts(episodes, replies),
+                                   "games": [ep.outcome() for ep in episodes]},
+                                  f"all_gather of {kind} validation games")
+        counts += [p["counts"] for p in parts]
+        outcomes += interleave([p["games"] for p in parts])
+        record[f"win_rate_{kind}"] = step_metrics.rates_from_counts([p["counts"] for p in parts])["win_rate"]
+    return {**step_metrics.rates_from_counts(counts), **record, "games": outcomes}
 
 
 def step_record(upd, out, parts: list[dict]) -> dict:
@@ -114,13 +134,13 @@ def grpo_task(cfg: GRPOConfig, player: grpo_step.Player, optimizer, prompt: Prom
     model, tokenizer, rl = player.model, player.tokenizer, cfg.rl
     allowed = frozenset(guess_list())
     rewards = Rewards(cfg.reward.weights(), answers())
-    prompts = PromptSource(rl.k_weights, Solver(load_table(show_progress=cfg.run.progress and world.is_main)),
-                           cfg.run.seed)
+    solver = Solver(load_table(show_progress=cfg.run.progress and world.is_main))
+    prompts = PromptSource(rl.k_weights, solver, cfg.run.seed)
     settings = grpo_step.UpdateSettings(LossSettings(beta=rl.beta, temperature=rl.temperature,
                                                      letters=letter_choices(tokenizer, mode, allowed)),
                                         cfg.optimizer.max_grad_norm, rl.max_tokens_per_microbatch,
                                         rl.max_loss_tokens_per_microbatch)
-    valid_words = split_words("valid")[:cfg.validation.games]
+    valid_games = validation_games(split_words("valid")[:cfg.validation.games], cfg.validation.history, solver)
 
     def rollout_config(temperature: float, seed: int) -> RolloutConfig:
         return RolloutConfig(temperature=temperature, max_tokens_per_turn=cfg.max_tokens, seed=seed, prompt=prompt,
@@ -142,9 +162,9 @@ def grpo_task(cfg: GRPOConfig, player: grpo_step.Player, optimizer, prompt: Prom
         return step_record(upd, out, parts)
 
     def validation(at: int) -> dict | None:
-        if not valid_words:
+        if not cfg.validation.games:
             return None
-        return validate(model, tokenizer, rollout_config(0.0, step_seed(cfg.run.seed, 0, 1)), valid_words, allowed,
+        return validate(model, tokenizer, rollout_config(0.0, step_seed(cfg.run.seed, 0, 1)), valid_games, allowed,
                         world)
 
     def info(r: dict) -> str:

@@ -78,6 +78,9 @@ class GRPOValidation(ValidationSection):
     every: int = Field(20, ge=0, description="Play the validation games before the first step (the start adapter, "
                        "step 0), every N steps and at the end; the adapter with the most wins is the run's; 0 = never.")
     games: int = Field(100, ge=0, description="The first N valid-split words, played greedily in the run's decoding.")
+    history: Literal["none", "seeded", "both"] = Field(
+        "none", description="Where the validation games start: the empty board (none), the board `eval --history "
+        "seeded` gives each word (seeded), or both (2N games); the adapter kept is the one with the most wins in all.")
 
 
 class GRPOConfig(TrainConfig):

@@ -9,8 +9,9 @@ error on it). In every mode the first guess is a random one of the `opener_top` 
 entropy, so boards differ; k = 0 gives mode "empty". The secret is never drawn, so the board is never
 over before play starts; drawing stops early when only the secret is left. The result depends only on
 the arguments and the rng state: `history_rng(seed, secret)` gives each (seed, secret) its own
-reproducible history, independent of the other games. Used by `wordle-mlx data` and by
-`wordle-mlx eval --history seeded`. Pure Python/numpy, no mlx.
+reproducible history, independent of the other games, and `eval_board(secret, seed, solver)` is the board
+`wordle-mlx eval --history seeded --seed S` (and GRPO's seeded validation, at seed 0) plays. Used by
+`wordle-mlx data` too. Pure Python/numpy, no mlx.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class HistoryPolicy:
 def history_rng(seed: int, secret: str) -> random.Random:
     """The rng for one game's seeded history: independent of the other games and of their order."""
     return random.Random(f"{seed}:{secret}")
+
+
+def eval_board(secret: str, seed: int, solver: Solver) -> list[str]:
+    """The earlier guesses of a seeded held-out game: the default policy with the game's own rng."""
+    return seed_history(secret, history_rng(seed, secret), solver, HistoryPolicy())[0]
 
 
 def _openers(solver: Solver, top: int) -> list[str]:

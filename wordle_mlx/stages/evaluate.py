@@ -2,7 +2,7 @@
 
 The secrets are the first `games` words of a fixed split (`game/splits.py`, test by default, in the
 split's order). With `history="seeded"` each game starts from 0-4 earlier guesses drawn by
-`game/seeding.seed_history` with `history_rng(seed, secret)`, so every game's board depends only on
+`game/seeding.eval_board` (`seed_history` with `history_rng(seed, secret)`), so every game's board depends only on
 the seed and the secret. The model plays all games in lockstep with the rollout engine; the entropy
 solver plays the same boards; with an adapter, the base model (adapter off) plays them too. The result
 (docs/METRICS.md "Eval JSON") has the win rate with its Wilson 95% interval, mean guesses on wins
@@ -28,7 +28,7 @@ from ..config import MODEL_SPEC_HELP, StrictModel, display_path, resolve_path
 from ..errors import UserError
 from ..fileio import write_json_atomic
 from ..game.knowledge import is_consistent
-from ..game.seeding import HistoryPolicy, history_rng, seed_history
+from ..game.seeding import eval_board
 from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.words import guess_list
@@ -124,8 +124,7 @@ def game_specs(cfg: EvalConfig, solver: Solver) -> list[GameSpec]:
         raise UserError(f"--games: {cfg.games} is more than the {len(words)} words of the {cfg.split} split")
     specs = []
     for secret in words[: cfg.games]:
-        seeded = [] if cfg.history == "none" else seed_history(secret, history_rng(cfg.seed, secret), solver,
-                                                               HistoryPolicy())[0]
+        seeded = [] if cfg.history == "none" else eval_board(secret, cfg.seed, solver)
         specs.append(GameSpec(secret=secret, seeded_guesses=seeded))
     return specs
 

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..game.rewards import Rewards
-from ..game.seeding import HistoryPolicy, history_rng, seed_history
+from ..game.seeding import HistoryPolicy, eval_board, seed_history
 from ..game.solver import Solver
 from ..game.splits import split_words
 from ..game.words import answers, guess_list
@@ -90,8 +90,7 @@ def validation_games(words: list[str], history: str, solver: Solver) -> dict[str
     if history in ("none", "both"):
         games["empty"] = [GameSpec(w) for w in words]
     if history in ("seeded", "both"):
-        games["seeded"] = [GameSpec(w, seed_history(w, history_rng(0, w), solver, HistoryPolicy())[0])
-                           for w in words]
+        games["seeded"] = [GameSpec(w, eval_board(w, 0, solver)) for w in words]
     return games
 
 

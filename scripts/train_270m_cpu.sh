@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
 # The real run on this 2-core CPU: builtin:gemma-3-270m through entropy -> data -> three SFT passes on the entropy
 # solver's games -> a self-choice round (the model labels each board it reaches with the fitting answer it scores
-# highest) -> four SFT passes on it -> a second self-choice round with answer coverage -> one SFT pass -> GRPO ->
-# evals -> plots -> the adapter packaged in adapters/gemma-3-270m-wordle/, if it wins at least as many greedy
-# test games as the adapter there (the ship guard). Prompts are compact (the clues only) and replies spell the
-# guess in letters with no think block (config/recipe-270m/data.json).
+# highest) -> four SFT passes on it -> three coverage rounds (self-play with answer coverage, one SFT pass each),
+# with 100 GRPO steps after the first -> evals -> plots -> the last pass's adapter packaged in
+# adapters/gemma-3-270m-wordle/, if it wins at least as many greedy test games as the adapter there (the ship
+# guard). Prompts are compact (the clues only) and replies spell the guess in letters with no think block
+# (config/recipe-270m/data.json).
 #
 # The policy it trains is words decoding, the game's own rule: at each letter the model's distribution over the
 # letters that continue an allowed word not already on the board. The three teacher passes train the letters as
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
 # passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
-# steps from the SFT start as step 0, the best kept) all use words decoding; the last SFT pass also trains every
-# reply token over the whole vocabulary (train_free), so that --decode free plays (52 of 200 test games, against 0
-# when only the tags were; it doubles that pass's time). Each adapter records its decoding
-# (adapter_config.json), and eval plays it by default.
+# steps from the SFT start as step 0, the best kept) all use words decoding. The last two coverage rounds are the
+# ones that trained the shipped adapter from its start (docs/RESULTS.md, "The shipped adapter"); the last SFT pass
+# also trains every reply token over the whole vocabulary (train_free), so that --decode free plays (it doubles
+# that pass's time). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
 #
-# Time, estimated from measured stage times (docs/RESULTS.md): about 2 h 20 min of training on 2 cores: the
-# grammar-decoding run's stages up to cover, then sft-cover with train_free (21 min) and GRPO's 100 steps with
-# their 6 validation passes (32 min) as coverage round 1 of the shipped adapter measured them; then about 40 min
-# of evals (free decoding plays whole games now). Those stage times are AVX-512 hosts'; its last run, on an AVX2 host with
-# 2 cores, took 5 h 35 min of training (GRPO's 100 steps 89 min; the tags alone in sft-cover: train_free then took
-# 76 min instead of 38) and 32 min of evals (docs/RESULTS.md).
+# Time, estimated from measured stage times on a 2-core AVX-512 host (docs/RESULTS.md): about 2 h 50 min of
+# training (the grammar-decoding run's stages up to the first cover, 82 min; the words-loss SFT passes 10-11 min
+# each, the last with train_free 21 min; GRPO's 100 steps with their 6 validation passes 32-38 min; each
+# self-play round 4-8 min), then about 25 min of evals. On a 2-core AVX2 host stages take 2.2-2.8x longer.
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (no 262k-entry softmax; the last pass adds it for its whole reply), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and
@@ -31,7 +30,7 @@
 # (a shutdown) stops a training stage after its current step with a checkpoint and a non-zero exit, which
 # ends this script; a crash or a power cut costs at most the steps since the last checkpoint. To start over:
 # rm -r logs/recipe-270m logs/sft-270m logs/sft-focus-270m logs/sft-fit-270m data/choice \
-#   logs/sft-choice*-270m data/choice2 data/choice2-cover5c4 logs/sft-cover-270m \
+#   logs/sft-choice*-270m data/choice[234] data/choice[234]-cover5c4 logs/sft-cover*-270m \
 #   logs/grpo-cover-270m
 #
 #   scripts/train_270m_cpu.sh                  # everything (or: make train-270m)
@@ -104,15 +103,25 @@ for n in 2 3 4; do
   more+=("${flags[*]}")
   stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json "${flags[@]}"
 done
-# The coverage round: a second self-play round from that adapter; every answer that fits some tight board of it
-# (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it that also trains
-# every reply token over the vocabulary (train_free), then 100 GRPO steps with plain SGD in words decoding, playing full games on from
-# the greedy reply; the 100 validation words are played every 20 steps (the SFT start as step 0) and the run's
+# The first coverage round: a second self-play round from that adapter; every answer that fits some tight board
+# of it (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it, then 100
+# GRPO steps with plain SGD in words decoding, playing full games on from the greedy reply; the 100 validation words are played every 20 steps (the SFT start as step 0) and the run's
 # adapters/ are the pass with the most wins (validation keeps the best: the SFT start when no step beats it).
 stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress
 stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress
 stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/recipe-270m/sft-cover.json
 stage grpo-cover train_or_resume logs/grpo-cover-270m $W train --config config/recipe-270m/grpo-cover.json
+# Two more coverage rounds, as the shipped adapter's last rounds ran: self-play from the adapter before (GRPO's
+# kept pass for the first), cover, one SFT pass; only the last pass adds train_free, and its adapter is the one
+# the recipe ships.
+stage choice3    $W data self-play --config config/recipe-270m/self-play-3.json --no-progress
+stage cover2     $W data cover --data data/choice3 --out data/choice3-cover5c4 --max-candidates 5 --copies 4 \
+  --no-progress
+stage sft-cover2 train_or_resume logs/sft-cover2-270m $W sft --config config/recipe-270m/sft-cover-2.json
+stage choice4    $W data self-play --config config/recipe-270m/self-play-4.json --no-progress
+stage cover3     $W data cover --data data/choice4 --out data/choice4-cover5c4 --max-candidates 5 --copies 4 \
+  --no-progress
+stage sft-cover3 train_or_resume logs/sft-cover3-270m $W sft --config config/recipe-270m/sft-cover-3.json
 
 evaluate base - greedy
 evaluate sft1 logs/sft-270m/adapters greedy
@@ -120,39 +129,49 @@ evaluate sft2 logs/sft-focus-270m/adapters greedy
 evaluate fit logs/sft-fit-270m/adapters greedy
 evaluate sftchoice logs/sft-choice4-270m/adapters greedy
 for kind in $EVALS; do       # every player's greedy eval first, then the next setting
-  evaluate sftcover  logs/sft-cover-270m/adapters "$kind"
-  evaluate grpocover logs/grpo-cover-270m/adapters "$kind"
+  # only the last pass trains the tags, so only its adapter plays free decoding
+  if [ "$kind" != free ]; then
+    evaluate sftcover  logs/sft-cover-270m/adapters "$kind"
+    evaluate grpocover logs/grpo-cover-270m/adapters "$kind"
+    evaluate sftcover2 logs/sft-cover2-270m/adapters "$kind"
+  fi
+  evaluate sftcover3 logs/sft-cover3-270m/adapters "$kind"
 done
 
 # The ship guard: the adapter in $SHIP plays the same greedy test games in the recipe's decoding, and the new one
 # ships only if it wins at least as many (else the ship stage says why and leaves $SHIP as it was).
 guard=()
 # the guard needs the new adapter's greedy eval, whatever EVALS says
-case " $EVALS " in *" greedy "*) ;; *) evaluate grpocover logs/grpo-cover-270m/adapters greedy ;; esac
+case " $EVALS " in *" greedy "*) ;; *) evaluate sftcover3 logs/sft-cover3-270m/adapters greedy ;; esac
 if [ -f "$SHIP/adapters.safetensors" ]; then
   stage eval-shipped-$DECODE $W eval --adapter "$SHIP" --no-baselines --games "$GAMES" --max-tokens 16 --no-progress \
     --decode $DECODE --out "$R/eval_shipped_greedy_$DECODE.json"
-  guard=(--guard "$R/eval_grpocover_greedy.json" "$R/eval_shipped_greedy_$DECODE.json")
+  guard=(--guard "$R/eval_sftcover3_greedy.json" "$R/eval_shipped_greedy_$DECODE.json")
 fi
 stage plots bash -c "
   $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft1 &&
   $W plot --file logs/sft-fit-270m/metrics.jsonl --out $R/plots/fit &&
-  $W plot --file logs/sft-cover-270m/metrics.jsonl --out $R/plots/sft &&
+  $W plot --file logs/sft-cover3-270m/metrics.jsonl --out $R/plots/sft &&
   $W plot --file logs/grpo-cover-270m/metrics.jsonl --out $R/plots/grpo &&
   $W plot --compare $R/eval_base_greedy.json $R/eval_sft1_greedy.json $R/eval_sft2_greedy.json \
       $R/eval_fit_greedy.json $R/eval_sftchoice_greedy.json $R/eval_sftcover_greedy.json $R/eval_grpocover_greedy.json \
-      --labels base sft-1 sft-2 sft-fit sft-choice sft-cover sft-cover+grpo \
+      $R/eval_sftcover2_greedy.json $R/eval_sftcover3_greedy.json \
+      --labels base sft-1 sft-2 sft-fit sft-choice sft-cover sft-cover+grpo sft-cover-2 sft-cover-3 \
       --with-baselines --out $R/plots/compare"
 
-ship_evals=()     # the final adapter's evals and its SFT start's, in each decoding, so the comparison can be replayed
-for f in "$R"/eval_grpocover_*.json "$R"/eval_sftcover_*.json; do ship_evals+=(--eval "$f"); done
+ship_evals=()     # the shipped adapter's evals, and GRPO's and its SFT start's, so the comparisons can be replayed
+for f in "$R"/eval_sftcover3_*.json "$R"/eval_grpocover_*.json "$R"/eval_sftcover_*.json; do
+  ship_evals+=(--eval "$f")
+done
 sft_configs=()
 for c in sft sft-focus sft-fit sft-choice; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
 for flags in "${more[@]}"; do sft_configs+=(--sft-config "config/recipe-270m/sft-choice-more.json $flags"); done
-sft_configs+=(--sft-config config/recipe-270m/sft-cover.json)
-stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/grpo-cover-270m/adapters --out "$SHIP" \
+for c in sft-cover sft-cover-2 sft-cover-3; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
+stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/sft-cover3-270m/adapters --out "$SHIP" \
   --data-config config/recipe-270m/data.json --data-config config/recipe-270m/data-focus.json --data-config config/recipe-270m/data-fit.json \
-  --choice-config config/recipe-270m/self-play.json --choice-config config/recipe-270m/self-play-2.json "${sft_configs[@]}" \
+  --choice-config config/recipe-270m/self-play.json --choice-config config/recipe-270m/self-play-2.json \
+  --choice-config config/recipe-270m/self-play-3.json --choice-config config/recipe-270m/self-play-4.json \
+  "${sft_configs[@]}" \
   --grpo-config config/recipe-270m/grpo-cover.json \
   "${ship_evals[@]}" "${guard[@]}" --stage-seconds "$R"
 

@@ -4,9 +4,10 @@
 # data -> three SFT passes on the entropy solver's games (decode "grammar": the 5 letters as choices among 26)
 # -> a self-choice round in words decoding (each board the model reaches is labelled with the fitting answer it
 # scores highest) -> four SFT passes on it (decode "words") -> a second self-choice round with answer coverage
-# (`data cover`) -> one SFT pass that also trains every reply token over the vocabulary (train_free) -> 100 GRPO
-# steps with plain SGD in words decoding, validated every 20 steps and the best kept -> evals -> fuse (4-bit:
-# dequantized, the way that keeps the adapter) -> the fused model's eval. What differs from the 270M recipe, and
+# (`data cover`) -> one SFT pass -> 100 GRPO steps with plain SGD in words decoding, validated every 20 steps and
+# the best kept -> two more coverage rounds (self-play, cover, one SFT pass; the last pass also trains every
+# reply token over the vocabulary, train_free) -> evals -> fuse of the last pass (4-bit: dequantized, the way
+# that keeps the adapter) -> the fused model's eval. What differs from the 270M recipe, and
 # why: docs/RESULTS.md ("The 4B recipe"). Configs: config/gemma3-4b/ (VARIANT=bf16 for 24 GB and more,
 # VARIANT=4bit for 16 GB).
 # `wordle-mlx plan --config FILE` prints each training stage's expected peak memory before it runs, with or
@@ -70,16 +71,25 @@ plan "$C/sft-cover-$VARIANT.json"
 stage sft-cover  train_or_resume "logs/gemma3-4b-sft-cover-$VARIANT" $W sft --config "$C/sft-cover-$VARIANT.json"
 plan "$C/grpo-$VARIANT.json"
 stage grpo       train_or_resume "logs/gemma3-4b-grpo-$VARIANT" $W train --config "$C/grpo-$VARIANT.json"
+for n in 2 3; do     # two more coverage rounds, each from the adapter before (GRPO's kept pass for the first)
+  stage "self-play-$((n + 1))" $W data self-play --config "$C/self-play-$((n + 1))-$VARIANT.json" --no-progress
+  stage "cover$n" $W data cover --data "data/gemma3-4b/self-play-$((n + 1))-$VARIANT" \
+    --out "data/gemma3-4b/cover$n-$VARIANT" --max-candidates 5 --copies 4 --no-progress
+  plan "$C/sft-cover-$n-$VARIANT.json"
+  stage "sft-cover$n" train_or_resume "logs/gemma3-4b-sft-cover$n-$VARIANT" $W sft \
+    --config "$C/sft-cover-$n-$VARIANT.json"
+done
 
 evaluate sft       "logs/gemma3-4b-sft-$VARIANT/adapters"
 evaluate sftcover  "logs/gemma3-4b-sft-cover-$VARIANT/adapters"
 evaluate grpo      "logs/gemma3-4b-grpo-$VARIANT/adapters"
+evaluate sftcover3 "logs/gemma3-4b-sft-cover3-$VARIANT/adapters"
 # 4-bit: re-quantizing the fused weights rounds away an adapter change below the 4-bit step (fuse refuses such
 # a result), so the fused model is written dequantized, in bf16
 fuse_flags=()
 if [ "$VARIANT" = 4bit ]; then fuse_flags=(--dequantize); fi
-stage fuse $W fuse --model "$MODEL" --adapter "logs/gemma3-4b-grpo-$VARIANT/adapters" --out "$R/fused" --overwrite \
-  "${fuse_flags[@]}"
+stage fuse $W fuse --model "$MODEL" --adapter "logs/gemma3-4b-sft-cover3-$VARIANT/adapters" --out "$R/fused" \
+  --overwrite "${fuse_flags[@]}"
 # the fused model alone (no adapter), in the same decoding, on the same games
 stage eval-fused $W eval --config "$C/eval-$VARIANT.json" --model "$R/fused" --decode words --no-baselines \
   --games "$GAMES" --max-tokens 16 --no-progress --out "$R/eval_fused_greedy.json"
@@ -87,4 +97,4 @@ stage eval-fused $W eval --config "$C/eval-$VARIANT.json" --model "$R/fused" --d
 echo
 echo "recipe finished; this invocation took $(( $(date +%s) - start ))s (stage times in seconds: $R/*.done)"
 echo "evals: $R/eval_*.json   fused model: $R/fused/"
-echo "play:  $W play --model $MODEL --adapter logs/gemma3-4b-grpo-$VARIANT/adapters"
+echo "play:  $W play --model $MODEL --adapter logs/gemma3-4b-sft-cover3-$VARIANT/adapters"

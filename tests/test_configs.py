@@ -122,24 +122,27 @@ class ShippedConfigTest(unittest.TestCase):
         stages = dry_run("train_270m_cpu.sh")
         training = ["setup", "model", "entropy", "data", "sft", "data-focus", "sft-focus", "data-fit", "sft-fit",
                     "choice", "sft-choice", "sft-choice2", "sft-choice3", "sft-choice4", "choice2", "cover",
-                    "sft-cover", "grpo-cover"]
+                    "sft-cover", "grpo-cover", "choice3", "cover2", "sft-cover2", "choice4", "cover3", "sft-cover3"]
         names = [name for name, _ in stages]
         self.assertEqual(names[:len(training)], training)
         self.assertEqual(names[-2:], ["plots", "ship"])
         self.assertIn("eval-grpocover-greedy", names)
+        self.assertIn("eval-sftcover3-greedy", names)
         check_stage_chain(self, stages)
 
     def test_the_recipe_trains_words_decoding_and_guards_what_it_ships(self):
-        """Self-play, the later SFT passes and GRPO use words decoding; the last SFT pass trains the tags; GRPO runs
-        at least 100 steps with validation from step 0 and keeps the best pass; the ship stage gets the guard
-        (the new adapter's greedy test eval against the shipped adapter's, in words decoding, made before it)."""
-        for name in ("self-play", "self-play-2"):
+        """Self-play, the later SFT passes and GRPO use words decoding; the last SFT pass (and only it) trains the
+        tags; GRPO runs at least 100 steps with validation from step 0 and keeps the best pass; the ship stage gets
+        the guard (the last pass's greedy test eval against the shipped adapter's, in words decoding, made before
+        it) and ships GRPO's evals and its SFT start's beside the last pass's."""
+        for name in ("self-play", "self-play-2", "self-play-3", "self-play-4"):
             self.assertEqual(load_config(RECIPE / f"{name}.json", ChoiceConfig).decode, "words", name)
         for name in ("sft", "sft-focus", "sft-fit"):
             self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "grammar", name)
-        for name in ("sft-choice", "sft-choice-more", "sft-cover"):
-            self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "words", name)
-        self.assertTrue(load_config(RECIPE / "sft-cover.json", SFTConfig).train_free)
+        for name in ("sft-choice", "sft-choice-more", "sft-cover", "sft-cover-2", "sft-cover-3"):
+            sft = load_config(RECIPE / f"{name}.json", SFTConfig)
+            self.assertEqual(sft.decode, "words", name)
+            self.assertEqual(sft.train_free, name == "sft-cover-3", name)
         grpo = load_config(RECIPE / "grpo-cover.json", GRPOConfig)
         self.assertEqual(grpo.decode, "words")
         self.assertGreaterEqual(grpo.run.steps, 100)
@@ -149,10 +152,12 @@ class ShippedConfigTest(unittest.TestCase):
         names = list(stages)
         self.assertLess(names.index("eval-shipped-words"), names.index("ship"))
         self.assertIn("--decode words --out", stages["eval-shipped-words"])
-        self.assertRegex(stages["ship"], r"--guard \S+/eval_grpocover_greedy.json \S+/eval_shipped_greedy_words.json")
+        self.assertRegex(stages["ship"], r"--guard \S+/eval_sftcover3_greedy.json \S+/eval_shipped_greedy_words.json")
         self.assertIn("--stage-seconds", stages["ship"])
-        self.assertIn("eval_sftcover_*.json", stages["ship"])      # the SFT start's evals ship too
-        self.assertIn("eval-grpocover-free", names)
+        self.assertIn("--adapter logs/sft-cover3-270m/adapters ", stages["ship"])
+        for evals in ("eval_sftcover3_*.json", "eval_grpocover_*.json", "eval_sftcover_*.json"):
+            self.assertIn(evals, stages["ship"])
+        self.assertIn("eval-sftcover3-free", names)
 
     def test_choice_round_chains(self):
         """The self-choice round labels boards with the fit adapter's choices, and its SFT stages train on that
@@ -190,6 +195,26 @@ class ShippedConfigTest(unittest.TestCase):
         sft = load_config(RECIPE / "sft-cover.json", SFTConfig)
         self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), (ROOT / match[2]).resolve())
         self.assertEqual(resolve_path(sft, sft.model.adapter).resolve(), adapter)
+
+    def test_later_coverage_round_chains(self):
+        """Two more coverage rounds after GRPO, each from the adapter before: grpo-cover -> choice3 -> cover2 ->
+        sft-cover2 -> choice4 -> cover3 -> sft-cover3; the script's cover lines read each round's self-play folder
+        and write the folder its SFT pass trains on."""
+        script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
+        covers = re.findall(r"\$W data cover --data (\S+) --out (\S+)", script)
+        self.assertEqual(len(covers), 3)
+        adapter = adapters_of(load_config(RECIPE / "grpo-cover.json", GRPOConfig))
+        for play_name, sft_name, (cover_in, cover_out) in (("self-play-3", "sft-cover-2", covers[1]),
+                                                          ("self-play-4", "sft-cover-3", covers[2])):
+            with self.subTest(sft=sft_name):
+                play = load_config(RECIPE / f"{play_name}.json", ChoiceConfig)
+                sft = load_config(RECIPE / f"{sft_name}.json", SFTConfig)
+                self.assertEqual(resolve_path(play, play.adapter).resolve(), adapter)
+                self.assertEqual(resolve_path(sft, sft.model.adapter).resolve(), adapter)
+                self.assertEqual((ROOT / cover_in).resolve(), resolve_path(play, play.out).resolve())
+                self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), (ROOT / cover_out).resolve())
+                adapter = adapters_of(sft)
+        self.assertEqual(adapter.parent.name, "sft-cover3-270m")
 
 
 if __name__ == "__main__":

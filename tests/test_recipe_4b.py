@@ -56,8 +56,9 @@ class RecipeConfigsTest(unittest.TestCase):
                 self.assertEqual([name for name, _ in stages],
                                  ["setup", "data", "sft", "data-focus", "sft-focus", "data-fit", "sft-fit",
                                   "self-play", "sft-choice", "sft-choice2", "sft-choice3", "sft-choice4",
-                                  "self-play-2", "cover", "sft-cover", "grpo", "eval-sft", "eval-sftcover",
-                                  "eval-grpo", "fuse", "eval-fused"])
+                                  "self-play-2", "cover", "sft-cover", "grpo", "self-play-3", "cover2", "sft-cover2",
+                                  "self-play-4", "cover3", "sft-cover3", "eval-sft", "eval-sftcover", "eval-grpo",
+                                  "eval-sftcover3", "fuse", "eval-fused"])
                 check_stage_chain(self, [(n, c.replace("true ", "wordle-mlx ")) for n, c in stages])
                 commands = dict(stages)
                 self.assertEqual("--dequantize" in commands["fuse"], variant == "4bit")   # the fuse that passes
@@ -70,7 +71,8 @@ class RecipeConfigsTest(unittest.TestCase):
         SFT and train_layers 12 of 34 blocks where the 270M trains 6 of 18 (docs/RESULTS.md, "The 4B recipe")."""
         twins = {"sft": "sft", "sft-focus": "sft-focus", "sft-fit": "sft-fit", "sft-choice": "sft-choice",
                  "sft-choice-more": "sft-choice-more", "sft-cover": "sft-cover", "self-play": "self-play",
-                 "self-play-2": "self-play-2", "grpo": "grpo-cover"}
+                 "self-play-2": "self-play-2", "grpo": "grpo-cover", "self-play-3": "self-play-3",
+                 "self-play-4": "self-play-4", "sft-cover-2": "sft-cover-2", "sft-cover-3": "sft-cover-3"}
         paths = ("model", "model.name", "model.dtype", "model.adapter", "model.grad_checkpoint", "data.folder",
                  "run.name", "adapter", "out", "dtype")
         for stem, twin in twins.items():
@@ -92,7 +94,8 @@ class RecipeConfigsTest(unittest.TestCase):
             self.assertEqual(dict(big, out=None), dict(small, out=None))
 
     def test_chain_per_variant(self):
-        """data -> sft ... -> self-play-2 -> cover (the script's line) -> sft-cover -> grpo."""
+        """data -> sft ... -> self-play-2 -> cover (the script's line) -> sft-cover -> grpo -> two more coverage
+        rounds (self-play-3 -> cover2 -> sft-cover-2 -> self-play-4 -> cover3 -> sft-cover-3)."""
         data = self.load("data.json", DataConfig)
         self.assertEqual((data.prompt.style, data.prompt.guess_format, data.prompt.require_think),
                          ("compact", "letters", False))
@@ -122,10 +125,25 @@ class RecipeConfigsTest(unittest.TestCase):
                 self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), adapters_of(last))
                 self.assertEqual(grpo.optimizer.name, "sgd")
                 self.assertEqual(self.load(f"eval-{v}.json", EvalConfig).rollout.prompt, data.prompt)
+                adapter = adapters_of(grpo)       # two more coverage rounds, each from the adapter before
+                for n in (2, 3):
+                    play_n = self.load(f"self-play-{n + 1}-{v}.json", ChoiceConfig)
+                    cover_n = self.load(f"sft-cover-{n}-{v}.json", SFTConfig)
+                    self.assertEqual(resolve_path(play_n, play_n.adapter).resolve(), adapter)
+                    self.assertEqual(resolve_path(cover_n, cover_n.model.adapter).resolve(), adapter)
+                    self.assertEqual(resolve_path(play_n, play_n.out).resolve(),
+                                     ROOT / "data" / "gemma3-4b" / f"self-play-{n + 1}-{v}")
+                    self.assertEqual(resolve_path(cover_n, cover_n.data.folder).resolve(),
+                                     ROOT / "data" / "gemma3-4b" / f"cover{n}-{v}")
+                    self.assertEqual(cover_n.train_free, n == 3)
+                    adapter = adapters_of(cover_n)
+        self.assertIn('--data "data/gemma3-4b/self-play-$((n + 1))-$VARIANT"', script)
+        self.assertIn('--out "data/gemma3-4b/cover$n-$VARIANT"', script)
+        self.assertIn('--adapter "logs/gemma3-4b-sft-cover3-$VARIANT/adapters"', script)   # what fuse reads
 
     def test_variants_differ_only_in_the_model(self):
         for stem in ("sft", "sft-focus", "sft-fit", "self-play", "sft-choice", "sft-choice-more", "self-play-2",
-                     "sft-cover", "grpo", "eval"):
+                     "sft-cover", "grpo", "self-play-3", "sft-cover-2", "self-play-4", "sft-cover-3", "eval"):
             with self.subTest(config=stem):
                 text = {v: (RECIPE / f"{stem}-{v}.json").read_text() for v in VARIANTS}
                 self.assertEqual(text["bf16"].replace("bf16", "4bit"), text["4bit"])
@@ -136,7 +154,8 @@ class RecipeConfigsTest(unittest.TestCase):
                 config = dict(CONFIG_4B, **({"quantization": {"group_size": 64, "bits": 4}} if v == "4bit" else {}))
                 model_json = Path(tmp) / f"{v}.json"
                 model_json.write_text(json.dumps(config))
-                for stem in ("sft", "sft-focus", "sft-fit", "sft-choice", "sft-choice-more", "sft-cover", "grpo"):
+                for stem in ("sft", "sft-focus", "sft-fit", "sft-choice", "sft-choice-more", "sft-cover", "grpo",
+                             "sft-cover-3"):
                     with self.subTest(config=f"{stem}-{v}"):
                         result = plan.run(plan.PlanConfig(config=str(RECIPE / f"{stem}-{v}.json"),
                                                           model_json=str(model_json), memory_gb=memory,

@@ -114,14 +114,12 @@ stage grpo-cover train_or_resume logs/grpo-cover-270m $W train --config config/r
 # Two more coverage rounds, as the shipped adapter's last rounds ran: self-play from the adapter before (GRPO's
 # kept pass for the first), cover, one SFT pass; only the last pass adds train_free, and its adapter is the one
 # the recipe ships.
-stage choice3    $W data self-play --config config/recipe-270m/self-play-3.json --no-progress
-stage cover2     $W data cover --data data/choice3 --out data/choice3-cover5c4 --max-candidates 5 --copies 4 \
-  --no-progress
-stage sft-cover2 train_or_resume logs/sft-cover2-270m $W sft --config config/recipe-270m/sft-cover-2.json
-stage choice4    $W data self-play --config config/recipe-270m/self-play-4.json --no-progress
-stage cover3     $W data cover --data data/choice4 --out data/choice4-cover5c4 --max-candidates 5 --copies 4 \
-  --no-progress
-stage sft-cover3 train_or_resume logs/sft-cover3-270m $W sft --config config/recipe-270m/sft-cover-3.json
+for n in 2 3; do
+  stage choice$((n + 1)) $W data self-play --config config/recipe-270m/self-play-$((n + 1)).json --no-progress
+  stage cover$n $W data cover --data data/choice$((n + 1)) --out data/choice$((n + 1))-cover5c4 --max-candidates 5 \
+    --copies 4 --no-progress
+  stage sft-cover$n train_or_resume logs/sft-cover$n-270m $W sft --config config/recipe-270m/sft-cover-$n.json
+done
 
 evaluate base - greedy
 evaluate sft1 logs/sft-270m/adapters greedy

@@ -200,12 +200,12 @@ class ShippedConfigTest(unittest.TestCase):
         """Two more coverage rounds after GRPO, each from the adapter before: grpo-cover -> choice3 -> cover2 ->
         sft-cover2 -> choice4 -> cover3 -> sft-cover3; the script's cover lines read each round's self-play folder
         and write the folder its SFT pass trains on."""
-        script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
-        covers = re.findall(r"\$W data cover --data (\S+) --out (\S+)", script)
-        self.assertEqual(len(covers), 3)
+        stages = dict(dry_run("train_270m_cpu.sh"))
+        covers = {name: re.search(r"data cover --data (\S+) --out (\S+)", stages[name]).groups()
+                  for name in ("cover2", "cover3")}
         adapter = adapters_of(load_config(RECIPE / "grpo-cover.json", GRPOConfig))
-        for play_name, sft_name, (cover_in, cover_out) in (("self-play-3", "sft-cover-2", covers[1]),
-                                                          ("self-play-4", "sft-cover-3", covers[2])):
+        for play_name, sft_name, (cover_in, cover_out) in (("self-play-3", "sft-cover-2", covers["cover2"]),
+                                                          ("self-play-4", "sft-cover-3", covers["cover3"])):
             with self.subTest(sft=sft_name):
                 play = load_config(RECIPE / f"{play_name}.json", ChoiceConfig)
                 sft = load_config(RECIPE / f"{sft_name}.json", SFTConfig)

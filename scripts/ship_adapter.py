@@ -36,7 +36,7 @@ README = """# {out}
 
 LoRA adapter (mlx-lm format) for `builtin:gemma-3-270m`, packaged from `{adapter}` by
 `scripts/ship_adapter.py`. `recipe/` holds the configs that trained it, in order; docs/RESULTS.md ("The
-shipped adapter") says which run that was and has every number with its command. Its `adapter_config.json`
+recipe") says which run that was and has every number with its command. Its `adapter_config.json`
 records the prompt settings it was trained with (`wordle_prompt`) and the decoding it was trained for
 (`decode`, `trained_free`), which `eval`, `play` and `train` use for it.
 

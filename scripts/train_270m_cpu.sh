@@ -12,14 +12,14 @@
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
 # passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
 # steps from the SFT start as step 0, the best kept) all use words decoding. The last two coverage rounds are the
-# ones that trained the shipped adapter from its start (docs/RESULTS.md, "The shipped adapter"); the last SFT pass
+# ones that trained the adapter it replaced (docs/RESULTS.md, "The adapter it replaced"); the last SFT pass
 # also trains every reply token over the whole vocabulary (train_free), so that --decode free plays (it doubles
 # that pass's time). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
 #
-# Time, estimated from measured stage times on a 2-core AVX-512 host (docs/RESULTS.md): about 2 h 50 min of
-# training (the grammar-decoding run's stages up to the first cover, 82 min; the words-loss SFT passes 10-11 min
-# each, the last with train_free 21 min; GRPO's 100 steps with their 6 validation passes 32-38 min; each
-# self-play round 4-8 min), then about 25 min of evals. On a 2-core AVX2 host stages take 2.2-2.8x longer.
+# Time, measured from the base model on a 2-core AVX-512 host, each stage alone (docs/RESULTS.md, "The recipe"):
+# 2 h 50 min of training (the SFT passes 6-16 min each, the last with train_free 23 min; GRPO's 100 steps with
+# their 6 validation passes 27.5 min; each self-play round 4-5 min), then 20 min of evals. On a 2-core AVX2 host
+# stages take 2.2-2.8x longer.
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (no 262k-entry softmax; the last pass adds it for its whole reply), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and

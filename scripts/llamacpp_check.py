@@ -17,8 +17,11 @@ logit difference on wordle-mlx's top-5 tokens, and the first differing position 
 
 Whole games (`llamacpp_games.py`): the first 100 test words played greedily from an empty board by both, in
 the adapter's decoding mode, llama.cpp with the exported grammar; it prints the wins on each side, the first
-differing turn of each differing game, and ends with `games_identical N/100`. Exit 0 when >= 98/100 replies
-match, top-1 agreement >= 0.99 and >= 98/100 games are identical. Results go to
+differing turn of each differing game, and ends with `games_identical N/100`. A grammar constrains text, not
+tokens: llama.cpp may spell a letter as a lone space token and a bare letter, which wordle-mlx (the 26 letter
+tokens) never picks, and the game goes on differently from there; such games are counted apart, since they show
+the grammar's freedom, not a numeric difference. Exit 0 when >= 98/100 replies match, top-1 agreement >= 0.99
+and >= 98/100 games are identical or first differ at such a reply. Results go to
 `logs/llamacpp-check/result.json`.
 
     python scripts/llamacpp_check.py [--boards 100] [--games 100] [--dtype float16] [--reuse-gguf]
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             backend.close()
     passed = (same_replies >= NEED_SAME_REPLIES * n and top1 >= NEED_TOP1
-              and (games is None or games["games_identical"] >= NEED_SAME_GAMES * games["games"]))
+              and (games is None or games["games_same_or_other_tokens"] >= NEED_SAME_GAMES * games["games"]))
     summary = {"boards": n, "same_greedy_reply": same_replies, "top1_agreement": round(top1, 5),
                "reply_positions": positions, "prompts_tokenized_the_same": same_prompts,
                "max_top5_logit_diff": round(worst_diff, 5), "max_abs_logit": round(scale, 3),
@@ -292,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if games is not None:
         llamacpp_games.show(games)
     print(("PASS" if passed else "FAIL") + f": need >= {NEED_SAME_REPLIES * n:.0f}/{n} same replies, top-1 >= {NEED_TOP1}"
-          + (f" and >= {NEED_SAME_GAMES * games['games']:.0f}/{games['games']} identical games" if games else ""))
+          + (f" and >= {NEED_SAME_GAMES * games['games']:.0f}/{games['games']} games identical or differing only in"
+             " llama.cpp's choice of tokens" if games else ""))
     if games is not None:
         print(f"games_identical {games['games_identical']}/{games['games']}")
     return 0 if passed else 1

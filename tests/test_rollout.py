@@ -144,6 +144,21 @@ class TestEngineRules(unittest.TestCase):
         with self.assertRaises(ValueError):
             play_games(None, self.tok, [GameSpec("crane", ["crane"])], RolloutConfig(), ALLOWED, generate_fn=backend)
 
+    def test_a_backend_that_takes_boards_gets_each_prompts_board_words(self):
+        """A backend with `takes_boards` (the llama.cpp check's) is told each prompt's words on the board, seeded
+        guesses included, so it can rule them out as words decoding does; others are called without them."""
+        class BoardAware(Scripted):
+            takes_boards = True
+
+            def __call__(self, prompts, cfg, excluded=None):
+                self.boards = getattr(self, "boards", []) + [[list(b) for b in excluded]]
+                return super().__call__(prompts, cfg)
+
+        backend = BoardAware(self.tok, [[reply("slate"), reply("brine")], [reply("crane")]])
+        play_games(None, self.tok, [GameSpec("crane", ["pious"]), GameSpec("brine")], RolloutConfig(), ALLOWED,
+                   generate_fn=backend)
+        self.assertEqual(backend.boards, [[["pious"], []], [["pious", "slate"]]])
+
     def test_max_turns_caps_games(self):
         backend = Scripted(self.tok, [[reply("slate")], [reply("brine")]])
         ep = play_games(None, self.tok, [GameSpec("crane")], RolloutConfig(max_turns=2), ALLOWED,

@@ -12,7 +12,8 @@ config keeps it (run.seed, run.name, model.adapter, run.steps, run.save_every).
 
 `--guard NEW_EVAL SHIPPED_EVAL` ships only an adapter at least as good as the one already in `--out`: NEW_EVAL is
 the new adapter's greedy eval on the test words, SHIPPED_EVAL the same eval (split, board, games, decoding) of the
-adapter in `--out`. When the new one wins fewer games, or the two cannot be compared, the script says why and
+adapter in `--out`. The option repeats, one pair per decoding (the recipe guards words and free decoding), and
+every pair must hold. When the new one wins fewer games in any, or two evals cannot be compared, the script says why and
 leaves `--out` untouched (exit 0: nothing failed, nothing was shipped). `--stage-seconds DIR` records the recipe's
 stage markers (DIR/<stage>.done, each holding its seconds) as `stage_seconds.json`.
 
@@ -36,7 +37,7 @@ README = """# {out}
 
 LoRA adapter (mlx-lm format) for `builtin:gemma-3-270m`, packaged from `{adapter}` by
 `scripts/ship_adapter.py`. `recipe/` holds the configs that trained it, in order; docs/RESULTS.md ("The
-recipe") says which run that was and has every number with its command. Its `adapter_config.json`
+shipped adapter") says which run that was and has every number with its command. Its `adapter_config.json`
 records the prompt settings it was trained with (`wordle_prompt`) and the decoding it was trained for
 (`decode`, `trained_free`), which `eval`, `play` and `train` use for it.
 
@@ -164,13 +165,13 @@ def main() -> None:
     ap.add_argument("--choice-config", type=Path, action="append", default=[],
                     help="Self-play rounds' configs (repeatable, in order); their data folders' secrets are added.")
     ap.add_argument("--eval", type=Path, action="append", default=[], help="Eval JSON files to ship (repeatable).")
-    ap.add_argument("--guard", type=Path, nargs=2, metavar=("NEW_EVAL", "SHIPPED_EVAL"),
-                    help="Ship only if NEW_EVAL wins at least as many games as SHIPPED_EVAL (see above).")
+    ap.add_argument("--guard", type=Path, nargs=2, action="append", default=[], metavar=("NEW_EVAL", "SHIPPED_EVAL"),
+                    help="Ship only if NEW_EVAL wins at least as many games as SHIPPED_EVAL (repeatable: all must hold).")
     ap.add_argument("--stage-seconds", type=Path, help="The recipe's stage marker folder (<stage>.done files).")
     args = ap.parse_args()
 
-    if args.guard:
-        why = guard_verdict(*args.guard, args.out)
+    for new_eval, shipped_eval in args.guard:
+        why = guard_verdict(new_eval, shipped_eval, args.out)
         if why is not None:
             print(f"not shipped: {why}; {args.out} left as it was", file=sys.stderr)
             return

@@ -12,7 +12,7 @@
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
 # passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
 # steps from the SFT start as step 0, the best kept) all use words decoding. The last two coverage rounds are the
-# ones that trained the adapter it replaced (docs/RESULTS.md, "The adapter it replaced"); the last SFT pass
+# ones that trained the shipped adapter from its start (docs/RESULTS.md, "The shipped adapter"); the last SFT pass
 # also trains every reply token over the whole vocabulary (train_free), so that --decode free plays (it doubles
 # that pass's time). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
 #
@@ -136,15 +136,20 @@ for kind in $EVALS; do       # every player's greedy eval first, then the next s
   evaluate sftcover3 logs/sft-cover3-270m/adapters "$kind"
 done
 
-# The ship guard: the adapter in $SHIP plays the same greedy test games in the recipe's decoding, and the new one
-# ships only if it wins at least as many (else the ship stage says why and leaves $SHIP as it was).
+# The ship guard: the adapter in $SHIP plays the same greedy test games in the recipe's decoding and in free
+# decoding (what llama.cpp and Ollama play), and the new one ships only if it wins at least as many in both (else
+# the ship stage says why and leaves $SHIP as it was).
 guard=()
-# the guard needs the new adapter's greedy eval, whatever EVALS says
+# the guard needs the new adapter's greedy evals in both decodings, whatever EVALS says
 case " $EVALS " in *" greedy "*) ;; *) evaluate sftcover3 logs/sft-cover3-270m/adapters greedy ;; esac
+case " $EVALS " in *" free "*) ;; *) evaluate sftcover3 logs/sft-cover3-270m/adapters free ;; esac
 if [ -f "$SHIP/adapters.safetensors" ]; then
-  stage eval-shipped-$DECODE $W eval --adapter "$SHIP" --no-baselines --games "$GAMES" --max-tokens 16 --no-progress \
-    --decode $DECODE --out "$R/eval_shipped_greedy_$DECODE.json"
-  guard=(--guard "$R/eval_sftcover3_greedy.json" "$R/eval_shipped_greedy_$DECODE.json")
+  for mode in $DECODE free; do
+    stage eval-shipped-$mode $W eval --adapter "$SHIP" --no-baselines --games "$GAMES" --max-tokens 16 --no-progress \
+      --decode $mode --out "$R/eval_shipped_greedy_$mode.json"
+  done
+  guard=(--guard "$R/eval_sftcover3_greedy.json" "$R/eval_shipped_greedy_$DECODE.json"
+         --guard "$R/eval_sftcover3_greedy_free.json" "$R/eval_shipped_greedy_free.json")
 fi
 stage plots bash -c "
   $W plot --file logs/sft-270m/metrics.jsonl --out $R/plots/sft1 &&

@@ -129,6 +129,19 @@ class ShipAdapterTest(unittest.TestCase):
         self.assertEqual((self.out / "adapters.safetensors").read_bytes(), b"\0" * 64)
         self.assertFalse((self.out / "eval_new_greedy.json").exists())
 
+    def test_every_guard_pair_must_hold(self):
+        """Level in words decoding but worse in free decoding: not shipped (the recipe guards both)."""
+        self.ship_once()
+        words_new, words_shipped = (p.rename(p.with_name(f"words_{p.name}")) for p in self.guard_evals(2, 2))
+        free_new, free_shipped = self.guard_evals(1, 2, decode="free")
+        write_json(free_new, {**json.loads(free_new.read_text()), "decode": "free"})
+        (self.adapter / "adapters.safetensors").write_bytes(b"\1" * 64)
+        proc = self.ship("--guard", str(words_new), str(words_shipped), "--guard", str(free_new), str(free_shipped))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("not shipped: the new adapter wins 1 / 3 greedy test games in free decoding, the shipped one 2",
+                      proc.stderr)
+        self.assertEqual((self.out / "adapters.safetensors").read_bytes(), b"\0" * 64)
+
     def test_the_guard_ships_an_adapter_at_least_as_good_with_its_stage_seconds(self):
         self.ship_once()
         new, shipped = self.guard_evals(2, 2)

@@ -116,6 +116,8 @@ def make_sampler_for(cfg: SamplingConfig):
 class BatchedGenerator:
     """The MLX generation backend: `__call__(prompts, cfg) -> list[Completion]` (see module docstring)."""
 
+    takes_boards = True       # rollouts pass each prompt's words on the board (`excluded`), which words decoding skips
+
     def __init__(self, model, tokenizer, stop_texts: Sequence[str] = STOP_TEXTS, mode: str = "free",
                  words: Collection[str] | None = None):
         self.model = model

@@ -122,10 +122,10 @@ def default_generate_fn(model, tokenizer, generate_fn: GenerateFn | None, cfg: S
 
 def call_backend(generate: GenerateFn, prompts: Sequence[Sequence[int]], cfg: SamplingConfig,
                  boards: Sequence[Collection[str]] | None, **options) -> list[Completion]:
-    """`generate(prompts, cfg, **options)`; the MLX backend, and any backend with `takes_boards` true, also gets
-    `boards` (each prompt's words on the board, which words decoding never spells again). Other backends
+    """`generate(prompts, cfg, **options)`; a backend with `takes_boards` true (the MLX one, the llama.cpp check's)
+    also gets `boards` (each prompt's words on the board, which words decoding never spells again). Other backends
     (scripted ones) take prompts and cfg only."""
-    if isinstance(generate, BatchedGenerator) or getattr(generate, "takes_boards", False):
+    if getattr(generate, "takes_boards", False):
         return generate(prompts, cfg, excluded=boards, **options)
     return generate(prompts, cfg, **options)
 

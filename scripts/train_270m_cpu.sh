@@ -12,9 +12,9 @@
 # choices among all 26 (decode "grammar": the spelling free decoding needs too); self-play labels, the later SFT
 # passes (decode "words") and GRPO (100 steps, decode "words", validated on the 100 validation words every 20
 # steps from the SFT start as step 0, the best kept) all use words decoding. The last two coverage rounds are the
-# ones that trained the shipped adapter from its start (docs/RESULTS.md, "The shipped adapter"); the last SFT pass
-# also trains every reply token over the whole vocabulary (train_free), so that --decode free plays (it doubles
-# that pass's time). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
+# ones that trained the shipped adapter from its start (docs/RESULTS.md, "The shipped adapter"); the three coverage
+# SFT passes also train every reply token over the whole vocabulary (train_free), as those rounds did, so that
+# --decode free plays (it adds about 1.3 s to a step). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
 #
 # Time, measured from the base model on a 2-core AVX-512 host, each stage alone (docs/RESULTS.md, "The recipe"):
 # 2 h 50 min of training (the SFT passes 6-16 min each, the last with train_free 23 min; GRPO's 100 steps with
@@ -112,8 +112,8 @@ stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 -
 stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/recipe-270m/sft-cover.json
 stage grpo-cover train_or_resume logs/grpo-cover-270m $W train --config config/recipe-270m/grpo-cover.json
 # Two more coverage rounds, as the shipped adapter's last rounds ran: self-play from the adapter before (GRPO's
-# kept pass for the first), cover, one SFT pass; only the last pass adds train_free, and its adapter is the one
-# the recipe ships.
+# kept pass for the first), cover, one SFT pass (with train_free, like the first); the last pass's adapter is the
+# one the recipe ships.
 for n in 2 3; do
   stage choice$((n + 1)) $W data self-play --config config/recipe-270m/self-play-$((n + 1)).json --no-progress
   stage cover$n $W data cover --data data/choice$((n + 1)) --out data/choice$((n + 1))-cover5c4 --max-candidates 5 \
@@ -127,7 +127,7 @@ evaluate sft2 logs/sft-focus-270m/adapters greedy
 evaluate fit logs/sft-fit-270m/adapters greedy
 evaluate sftchoice logs/sft-choice4-270m/adapters greedy
 for kind in $EVALS; do       # every player's greedy eval first, then the next setting
-  # only the last pass trains the tags, so only its adapter plays free decoding
+  # free decoding: only the adapter the recipe ships (the others: eval --decode free by hand)
   if [ "$kind" != free ]; then
     evaluate sftcover  logs/sft-cover-270m/adapters "$kind"
     evaluate grpocover logs/grpo-cover-270m/adapters "$kind"

@@ -131,8 +131,8 @@ class ShippedConfigTest(unittest.TestCase):
         check_stage_chain(self, stages)
 
     def test_the_recipe_trains_words_decoding_and_guards_what_it_ships(self):
-        """Self-play, the later SFT passes and GRPO use words decoding; the last SFT pass (and only it) trains the
-        tags; GRPO runs at least 100 steps with validation from step 0 and keeps the best pass; the ship stage gets
+        """Self-play, the later SFT passes and GRPO use words decoding; the three coverage SFT passes (and only
+        they) train the whole reply (train_free); GRPO runs at least 100 steps with validation from step 0 and keeps the best pass; the ship stage gets
         the guard (the last pass's greedy test eval against the shipped adapter's, in words decoding, made before
         it) and ships GRPO's evals and its SFT start's beside the last pass's."""
         for name in ("self-play", "self-play-2", "self-play-3", "self-play-4"):
@@ -142,7 +142,7 @@ class ShippedConfigTest(unittest.TestCase):
         for name in ("sft-choice", "sft-choice-more", "sft-cover", "sft-cover-2", "sft-cover-3"):
             sft = load_config(RECIPE / f"{name}.json", SFTConfig)
             self.assertEqual(sft.decode, "words", name)
-            self.assertEqual(sft.train_free, name == "sft-cover-3", name)
+            self.assertEqual(sft.train_free, name.startswith("sft-cover"), name)   # the coverage passes
         grpo = load_config(RECIPE / "grpo-cover.json", GRPOConfig)
         self.assertEqual(grpo.decode, "words")
         self.assertGreaterEqual(grpo.run.steps, 100)

@@ -1,5 +1,6 @@
 """The CPU speed-ups compute the same functions: the fast GELU (values and gradients against mlx-lm's
-`nn.gelu_approx`, and a whole model's logits and LoRA gradients with either), and the OpenBLAS core type
+`nn.gelu_approx`, and a whole model's logits and LoRA gradients with either), the numpy cross-entropy (values and
+gradients against `nn.losses.cross_entropy`, alone and in the `train_free` SFT loss) and the OpenBLAS core type
 chosen from CPU flags. Speed is measured in benchmarks/cpu_kernels.py, not here."""
 
 from __future__ import annotations
@@ -68,6 +69,53 @@ class FastGeluTest(unittest.TestCase):
         model, _ = models.load_model("builtin:tiny-random")
         kinds = {type(m).__name__ for _, m in model.named_modules() if isinstance(m, gemma3_text.MLP)}
         self.assertEqual(kinds, {"FastGeluMLP"} if not models.metal_available() else {"MLP"})
+
+
+class CrossEntropyTest(unittest.TestCase):
+    def test_values_and_gradients_match_nn_cross_entropy(self):
+        hidden = mx.random.normal((37, 64), key=mx.random.key(0))
+        head = mx.random.normal((5000, 64), key=mx.random.key(1)) * 0.3
+        targets = mx.array(np.random.default_rng(2).integers(0, 5000, size=37).astype(np.int32))
+        weights = mx.random.uniform(shape=(37,), key=mx.random.key(3))
+
+        def loss(ce):   # through a projection, as the SFT loss uses it: the gradient reaches the hidden states
+            return lambda h: (ce(h @ head.T, targets) * weights).sum()
+
+        ref_value, ref_grad = mx.value_and_grad(loss(nn.losses.cross_entropy))(hidden)
+        value, grad = mx.value_and_grad(loss(cpu_kernels.cross_entropy))(hidden)
+        rows = cpu_kernels.cross_entropy(hidden @ head.T, targets)
+        np.testing.assert_allclose(np.array(rows), np.array(nn.losses.cross_entropy(hidden @ head.T, targets)),
+                                   rtol=1e-5, atol=1e-5)
+        assert_f32_close(self, value.item(), ref_value.item(), rtol=1e-5)
+        scale = mx.abs(ref_grad).max().item()
+        self.assertLess(mx.abs(grad - ref_grad).max().item() / scale, 1e-5)
+        # large logits: the log-sum-exp is taken after the row's maximum, so nothing overflows
+        big = mx.array([[1000.0, 0.0, -1000.0], [88.0, 89.0, 90.0]])
+        np.testing.assert_allclose(np.array(cpu_kernels.cross_entropy(big, mx.array([0, 2]))),
+                                   np.array(nn.losses.cross_entropy(big, mx.array([0, 2]))), rtol=1e-6, atol=1e-6)
+
+    def test_train_free_sft_loss_matches_the_reference_path(self):
+        """The `train_free` loss (words letters plus every reply token over the vocabulary) with the numpy
+        cross-entropy gives the loss and LoRA gradients of mlx-lm's."""
+        model, _ = models.load_model("builtin:tiny-random")
+        mx.random.seed(0)
+        lora.apply_lora(model, -1, lora.lora_parameters(4, 20.0, 0.0, None))
+        for _, p in tree_flatten(model.trainable_parameters()):
+            p[...] = mx.random.normal(p.shape) * 0.05
+        rng = np.random.default_rng(0)
+        inputs = mx.array(rng.integers(3, 200, size=(2, 24)).astype(np.int32))
+        positions, targets = mx.arange(30, 46), mx.array(np.arange(16) + 5)
+        weights = mx.ones((16,))
+        step = nn.value_and_grad(model, loss_sum)
+        results = {}
+        for name, ce in (("reference", nn.losses.cross_entropy), ("numpy", cpu_kernels.cross_entropy)):
+            with mock.patch("wordle_mlx.llm.training.sft_loss.cross_entropy", ce):
+                (s, n), g = step(model, inputs, positions, targets, weights)
+            results[name] = ((s / n).item(), dict(tree_flatten(g)))
+        assert_f32_close(self, results["numpy"][0], results["reference"][0], rtol=1e-5)
+        for name, g in results["reference"][1].items():
+            scale = max(mx.abs(g).max().item(), 1e-6)
+            self.assertLess(mx.abs(g - results["numpy"][1][name]).max().item() / scale, 1e-4, name)
 
 
 class CoretypeTest(unittest.TestCase):

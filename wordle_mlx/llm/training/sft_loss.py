@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
+from ..model.cpu_kernels import cross_entropy
 from ..model.logits import (full_logits_at, has_split_head, hidden_at, project, selected_logits,
                      shared_prefix_logits)
 from ...errors import UserError
@@ -179,7 +179,7 @@ def unshare(prefix: mx.array, inputs: mx.array, positions: mx.array) -> tuple[mx
 def masked_cross_entropy(logits, targets, allowed):
     """Cross-entropy of `targets` under softmax(logits) renormalised over the `allowed` entries (None: all)."""
     if allowed is None:
-        return nn.losses.cross_entropy(logits, targets)
+        return cross_entropy(logits, targets)
     masked = mx.where(allowed, logits, -mx.inf)
     return mx.logsumexp(masked, axis=-1) - mx.take_along_axis(masked, targets[:, None], axis=-1)[:, 0]
 
@@ -207,7 +207,7 @@ def loss_sum(model, inputs, positions, targets, weights, full_logits: bool = Fal
             letters = project(model, hidden[:positions.shape[0]], letter_ids).astype(mx.float32)
             vocab_logits = project(model, hidden[positions.shape[0]:]).astype(mx.float32)
         ce = masked_cross_entropy(letters, targets, allowed)
-        vocab_ce = nn.losses.cross_entropy(vocab_logits, vocab_targets)
+        vocab_ce = cross_entropy(vocab_logits, vocab_targets)
         return (ce * weights).sum() + (vocab_ce * vocab_weights).sum(), weights.sum() + vocab_weights.sum()
     if prefix is not None:
         logits = shared_prefix_logits(model, prefix, inputs, positions, letter_ids).astype(mx.float32)

@@ -1,10 +1,14 @@
-"""CPU speed-ups measured side by side: OpenBLAS kernel choice, the fast GELU, and a whole SFT step.
+"""CPU speed-ups measured side by side: OpenBLAS kernel choice, the fast GELU, the numpy cross-entropy and a
+whole SFT step.
 
 1. fp32 2048x2048 matmul in MLX with OpenBLAS's own CPU detection (OPENBLAS_CORETYPE unset) against the
    core type `wordle_mlx.blas` sets from the CPU flags; each in a fresh process, alternated.
 2. `nn.gelu_approx` against `cpu_kernels.gelu_approx_fast` on a (1024, 2048) block: forward and gradient,
    plus the largest difference in value and gradient.
-3. One LoRA SFT gradient step (value_and_grad + eval) of the 270M on the same random batch, with mlx-lm's
+3. `nn.losses.cross_entropy` against `cpu_kernels.cross_entropy` over the vocabulary: the value and gradient of
+   the weighted loss of `--vocab-rows` hidden states (208: a `train_free` batch of 16 replies of 13 tokens)
+   projected onto a random (262144, 640) head, the full loss `train_free` adds to an SFT step.
+4. One LoRA SFT gradient step (value_and_grad + eval) of the 270M on the same random batch, with mlx-lm's
    GELU and with the fast one (the MLP class is switched back and forth on one model), alternated.
 Last line: `speedup X.XX` (the SFT step, exact over fast).
 Usage: python benchmarks/cpu_kernels.py [--model builtin:gemma-3-270m] [--batch 16] [--length 80] [--repeats 3]
@@ -70,6 +74,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=80)
     parser.add_argument("--targets", type=int, default=12, help="loss positions per sequence")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vocab-rows", type=int, default=208)
     args = parser.parse_args()
 
     coretype = openblas_coretype()
@@ -97,6 +102,22 @@ def main() -> None:
     print(f"gelu (1024x2048): forward {exact_f * 1e3:.1f} -> {fast_f * 1e3:.1f} ms ({exact_f / fast_f:.2f}x), "
           f"gradient {exact_g * 1e3:.1f} -> {fast_g * 1e3:.1f} ms ({exact_g / fast_g:.2f}x); "
           f"max |diff| value {dv:.1e}, gradient {dg:.1e}")
+
+    rows, vocab, width = args.vocab_rows, 262144, 640
+    head = mx.random.normal((vocab, width)) * 0.05
+    hidden = mx.random.normal((rows, width))
+    token_ids = mx.random.randint(0, vocab, (rows,))
+    row_weights = mx.random.uniform(shape=(rows,))
+    mx.eval(head, hidden, token_ids, row_weights)
+    ce_grads = {name: mx.value_and_grad(lambda h, ce=ce: (ce(h @ head.T, token_ids) * row_weights).sum())
+                for name, ce in (("mlx", nn.losses.cross_entropy), ("numpy", cpu_kernels.cross_entropy))}
+    ce_times = {name: best_of(lambda g=g: mx.eval(g(hidden)), args.repeats) for name, g in ce_grads.items()}
+    (v_mlx, g_mlx), (v_np, g_np) = ce_grads["mlx"](hidden), ce_grads["numpy"](hidden)
+    print(f"cross-entropy ({rows}x{vocab} logits from a {width}-wide head, value and gradient): "
+          f"nn.losses.cross_entropy {ce_times['mlx'] * 1e3:.0f} ms, numpy {ce_times['numpy'] * 1e3:.0f} ms "
+          f"({ce_times['mlx'] / ce_times['numpy']:.2f}x); relative difference value "
+          f"{abs(v_np.item() - v_mlx.item()) / abs(v_mlx.item()):.1e}, gradient "
+          f"{(mx.abs(g_np - g_mlx).max() / mx.abs(g_mlx).max()).item():.1e}")
 
     model, _ = load_model(args.model)
     mx.random.seed(0)

@@ -5,7 +5,7 @@
 # -> a self-choice round in words decoding (each board the model reaches is labelled with the fitting answer it
 # scores highest) -> four SFT passes on it (decode "words") -> a second self-choice round with answer coverage
 # (`data cover`) -> one SFT pass -> 100 GRPO steps with plain SGD in words decoding, validated every 20 steps and
-# the best kept -> two more coverage rounds (self-play, cover, one SFT pass; the last pass also trains every
+# the best kept -> two more coverage rounds (self-play, cover, one SFT pass; the coverage passes also train every
 # reply token over the vocabulary, train_free) -> evals -> fuse of the last pass (4-bit: dequantized, the way
 # that keeps the adapter) -> the fused model's eval. What differs from the 270M recipe, and
 # why: docs/RESULTS.md ("The 4B recipe"). Configs: config/gemma3-4b/ (VARIANT=bf16 for 24 GB and more,

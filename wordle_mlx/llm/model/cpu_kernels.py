@@ -13,8 +13,9 @@ The same holds for `exp`: MLX's CPU backend on x86 evaluates it one element at a
 numpy's vectorised `exp`, so a cross-entropy over Gemma's 262k-entry vocabulary (SFT's full loss, `train_free`)
 spends most of its step in the softmax. `cross_entropy(logits, targets)` is `nn.losses.cross_entropy` per row;
 on the CPU device it computes the log-sum-exp and its gradient (softmax minus the one-hot target) in numpy as a
-custom function, on row blocks in parallel threads (`benchmarks/cpu_kernels.py`: 2.9x faster for 208 rows of 262k logits, value and gradient; the
-matmuls around it stay in MLX).
+custom function, on row blocks in parallel threads (`benchmarks/cpu_kernels.py`: 3.5x faster for 208 rows of 262k
+logits, value and gradient; the matmuls around it stay in MLX). Narrow rows (the grammar loss's 26 letters) stay in
+MLX, where the numpy round trip would cost more than it saves.
 """
 
 from __future__ import annotations
@@ -97,13 +98,14 @@ def use_fast_gelu(model) -> int:
     return switched
 
 
-
-_POOL = ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 8))
+_THREADS = min(os.cpu_count() or 1, 8)
+_POOL = ThreadPoolExecutor(max_workers=_THREADS)
+_NUMPY_MIN_WIDTH = 4096     # logits narrower than this stay in MLX
 
 
 def _by_rows(fn, n: int) -> None:
     """Run fn(start, stop) over row blocks of n rows on the pool's threads (numpy releases the GIL)."""
-    blocks = np.linspace(0, n, min(_POOL._max_workers, max(n, 1)) + 1).astype(int)
+    blocks = np.linspace(0, n, min(_THREADS, max(n, 1)) + 1).astype(int)
     list(_POOL.map(fn, blocks[:-1], blocks[1:]))
 
 
@@ -144,7 +146,8 @@ def _cross_entropy_numpy_vjp(primals, cotangent, output):
 
 def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
     """`nn.losses.cross_entropy(logits, targets)` for (N, V) float32 logits and (N,) token ids: one loss per row;
-    on the CPU device through numpy's exp (see the module docstring)."""
-    if mx.default_device() != mx.cpu or logits.ndim != 2 or logits.dtype != mx.float32:
+    on the CPU device and for wide rows through numpy's exp (see the module docstring)."""
+    if (mx.default_device() != mx.cpu or logits.ndim != 2 or logits.dtype != mx.float32
+            or logits.shape[1] < _NUMPY_MIN_WIDTH):
         return nn.losses.cross_entropy(logits, targets)
     return _cross_entropy_numpy(logits, targets)

@@ -7,11 +7,14 @@ whole SFT step.
    plus the largest difference in value and gradient.
 3. `nn.losses.cross_entropy` against `cpu_kernels.cross_entropy` over the vocabulary: the value and gradient of
    the weighted loss of `--vocab-rows` hidden states (208: a `train_free` batch of 16 replies of 13 tokens)
-   projected onto a random (262144, 640) head, the full loss `train_free` adds to an SFT step.
+   projected onto a random (262144, 640) head, the full loss `train_free` adds to an SFT step. With
+   `--sft-config`, a real `train_free` SFT step of that config, with the numpy gradient's subnormal entries
+   flushed to 0 and not (`real_sft_step`).
 4. One LoRA SFT gradient step (value_and_grad + eval) of the 270M on the same random batch, with mlx-lm's
    GELU and with the fast one (the MLP class is switched back and forth on one model), alternated.
 Last line: `speedup X.XX` (the SFT step, exact over fast).
 Usage: python benchmarks/cpu_kernels.py [--model builtin:gemma-3-270m] [--batch 16] [--length 80] [--repeats 3]
+       [--sft-config config/recipe-270m/sft-cover-3.json]
 """
 
 from __future__ import annotations
@@ -57,6 +60,55 @@ def best_of(fn, repeats: int) -> float:
     return min(times)
 
 
+def real_sft_step(config: str, repeats: int) -> None:
+    """A trained model's logits spread so widely that many softmax entries of the full loss's gradient are
+    subnormal, and the matmul that carries the gradient back through the head slows down on them (x86 microcode
+    assists). `cpu_kernels.cross_entropy` flushes them to 0; this times the step of `config`'s SFT (its model,
+    adapter, data and loss, `train_free`) with the flush and without it (`_FLUSH` 0), alternated, on 6 of its
+    batches spread over their lengths."""
+    import dataclasses
+    from unittest import mock
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from wordle_mlx.config import load_config
+    from wordle_mlx.llm.model import cpu_kernels
+    from wordle_mlx.llm.training.distributed import init_world
+    from wordle_mlx.llm.training.policy import load_policy
+    from wordle_mlx.llm.training.sft_loss import loss_sum
+    from wordle_mlx.stages import sft
+    from wordle_mlx.stages.sft_config import SFTConfig
+
+    cfg = load_config(config, SFTConfig)
+    data_dir, train, _, prompt = sft.load_data(cfg)
+    model, tokenizer, _, _ = load_policy(cfg, prompt, cfg.decode, cfg.train_free)
+    batches, _, _ = sft.prepare_batches(cfg, tokenizer, prompt, data_dir, train[:800], [], init_world())
+    batches = batches[:: max(1, len(batches) // 6)][:6]
+    step = nn.value_and_grad(model, loss_sum)
+    model.train()
+
+    def seconds(batch) -> float:
+        start = time.perf_counter()
+        (s, n), g = step(model, *batch.loss_args())
+        mx.eval(s, n, g)
+        return time.perf_counter() - start
+
+    times = {"flushed": [], "not flushed": [], "words loss only": []}
+    for _ in range(repeats):
+        for batch in batches:
+            times["flushed"].append(seconds(batch))
+            with mock.patch.object(cpu_kernels, "_FLUSH", 0.0):
+                times["not flushed"].append(seconds(batch))
+            times["words loss only"].append(seconds(dataclasses.replace(batch, vocab=None)))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"SFT step of {config} (train_free, {batches[0].inputs.shape[0]} examples, median of "
+          f"{len(times['flushed'])}): not flushed {med['not flushed']:.2f} s, flushed {med['flushed']:.2f} s "
+          f"({med['not flushed'] / med['flushed']:.2f}x); the words loss alone {med['words loss only']:.2f} s, so "
+          f"train_free adds {med['not flushed'] - med['words loss only']:.2f} -> "
+          f"{med['flushed'] - med['words loss only']:.2f} s a step")
+
+
 def main() -> None:
     reexec_with_openblas()
     import mlx.core as mx
@@ -75,6 +127,8 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=12, help="loss positions per sequence")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocab-rows", type=int, default=208)
+    parser.add_argument("--sft-config", default="", help="also time this train_free SFT config's step with the "
+                        "gradient's subnormal flush on and off (needs its data and start adapter)")
     args = parser.parse_args()
 
     coretype = openblas_coretype()
@@ -119,7 +173,10 @@ def main() -> None:
           f"{abs(v_np.item() - v_mlx.item()) / abs(v_mlx.item()):.1e}, gradient "
           f"{(mx.abs(g_np - g_mlx).max() / mx.abs(g_mlx).max()).item():.1e}")
 
-    model, _ = load_model(args.model)
+    if args.sft_config:     # a real train_free SFT step: its gradient with the subnormal flush on and off
+        real_sft_step(args.sft_config, args.repeats)
+
+    model, _ = load_model(args.model)          # the SFT step on the base model with a fresh LoRA
     mx.random.seed(0)
     lora.apply_lora(model, -1, lora.lora_parameters(8, 20.0, 0.0, None))
     rng = np.random.default_rng(0)

@@ -94,6 +94,26 @@ class CrossEntropyTest(unittest.TestCase):
         np.testing.assert_allclose(np.array(cpu_kernels._cross_entropy_numpy(big, mx.array([0, 2]))),   # any width
                                    np.array(nn.losses.cross_entropy(big, mx.array([0, 2]))), rtol=1e-6, atol=1e-6)
 
+    def test_gradient_has_no_subnormals_where_logits_spread_widely(self):
+        """Logits spread over 200 units, as a trained model's are: many softmax entries fall below float32's
+        normal range. The gradient flushes them to 0 (none is left subnormal) and still matches the reference,
+        for a loss scaled down (a mean over many tokens) and for zero-weight padding rows."""
+        rng = np.random.default_rng(4)
+        logits = mx.array((rng.standard_normal((12, 6000)) * 30).astype(np.float32))
+        targets = mx.array(rng.integers(0, 6000, size=12).astype(np.int32))
+        weights = mx.array(np.r_[np.full(10, 1e-3), 0.0, 2.0].astype(np.float32))
+        tiny = np.finfo(np.float32).tiny
+
+        def grad_of(ce):
+            return mx.grad(lambda x: (ce(x, targets) * weights).sum())(logits)
+
+        ref = np.array(grad_of(nn.losses.cross_entropy))
+        self.assertGreater(int(np.sum((ref != 0) & (np.abs(ref) < tiny))), 1000)   # the reference has them
+        got = np.array(grad_of(cpu_kernels._cross_entropy_numpy))
+        self.assertEqual(int(np.sum((got != 0) & (np.abs(got) < tiny))), 0)
+        self.assertLess(np.abs(got - ref).max() / np.abs(ref).max(), 1e-5)
+        np.testing.assert_array_equal(got[10], 0.0)                                # a zero-weight row
+
     def test_train_free_sft_loss_matches_the_reference_path(self):
         """The `train_free` loss (words letters plus every reply token over the vocabulary) with the numpy
         cross-entropy gives the loss and LoRA gradients of mlx-lm's."""

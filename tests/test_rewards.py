@@ -76,34 +76,6 @@ class ComponentValues(unittest.TestCase):
         lose = REWARDS.turn_mode_values(facts("crane", ["slate"], ReplyKind.VALID, "crate"))
         self.assertEqual((lose["win"], lose["early"]), (0.0, 0.0))
 
-    def test_win_over_candidates_is_the_expectation_over_fitting_secrets(self):
-        expected = Rewards(RewardWeights(), ANSWERS, win_over="candidates")
-        guesses = ["slate"]
-        fitting = candidates(ANSWERS, board("crane", guesses))
-        self.assertGreater(len(fitting), 2)
-        for secret in fitting[:3]:       # the same board drawn for three secrets: the same reward
-            reply = facts(secret, guesses, ReplyKind.VALID, fitting[0])
-            v = expected.turn_mode_values(reply)
-            self.assertEqual(v["win"], 1.0 / len(fitting))
-            self.assertAlmostEqual(v["early"], (6 - 2) / 5 / len(fitting))
-            # the mean over the fitting secrets of the secret-scored reward
-            per_secret = [REWARDS.turn_mode_values(facts(s, guesses, ReplyKind.VALID, fitting[0])) for s in fitting]
-            self.assertAlmostEqual(v["win"], sum(p["win"] for p in per_secret) / len(fitting))
-            self.assertAlmostEqual(v["early"], sum(p["early"] for p in per_secret) / len(fitting))
-        unfit = next(w for w in ANSWERS if w not in fitting)
-        allowed_only = next(w for w in GUESSES if w not in set(ANSWERS))
-        for guess, kind in ((unfit, ReplyKind.VALID), (allowed_only, ReplyKind.VALID), (None, ReplyKind.NOT_A_WORD)):
-            v = expected.turn_mode_values(facts("crane", guesses, kind, guess))
-            self.assertEqual((v["win"], v["early"]), (0.0, 0.0), guess)
-
-    def test_win_over_candidates_refuses_a_board_that_misses_its_secret(self):
-        expected = Rewards(RewardWeights(), ANSWERS, win_over="candidates")
-        wrong = TurnFacts("crane", board("pious", ["slate"]), ReplyKind.VALID, "crane")
-        with self.assertRaisesRegex(ValueError, "does not fit its secret"):
-            expected.turn_mode_values(wrong)
-        with self.assertRaisesRegex(ValueError, "win_over"):
-            Rewards(RewardWeights(), ANSWERS, win_over="secrets")
-
 class Invariants(unittest.TestCase):
     @settings(max_examples=60, deadline=None)
     @given(weights_strategy(), history_strategy, st.sampled_from(GUESSES[:3000]), st.integers(0, 100), st.integers(0, 100))
@@ -212,11 +184,6 @@ class Misconfiguration(unittest.TestCase):
             validate_config({"reward": {"repeat": -1}}, GRPOConfig, "cfg.json")
         with self.assertRaisesRegex(UserError, r"cfg.json: reward.bonus: unknown field"):
             validate_config({"reward": {"bonus": 1}}, GRPOConfig, "cfg.json")
-        with self.assertRaisesRegex(UserError, r"^cfg.json: reward.win_over: .*'secret' or 'candidates'"):
-            validate_config({"reward": {"win_over": "answers"}}, GRPOConfig, "cfg.json")
-        cfg = validate_config({"reward": {"win_over": "candidates"}}, GRPOConfig, "cfg.json")
-        self.assertEqual(cfg.reward.weights(), RewardWeights(early=4.5, format=0.05, valid=0.3, consistent=0.3,
-                                                             info_gain=0.1, repeat=0.35))
 
 
 if __name__ == "__main__":

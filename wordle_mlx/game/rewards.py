@@ -8,13 +8,11 @@ for a win in n board guesses; `format` +1 well-formed reply, -1 format error; `v
 allowed word; `consistent` 1 if the played word fits all feedback so far; `info_gain` bits of the
 guess's feedback distribution over the remaining candidates divided by log2(#candidates); `repeat` -1 for
 a word already on the board; `length` -(completion tokens / max completion tokens). A reward is the
-weighted sum of the values. With `win_over="candidates"`, `win` and `early` are their expectation when the
-secret is any answer that fits the board (1 / #fitting for a fitting answer), so a reply's reward does not
-depend on which of the fitting answers the game drew. `RewardWeights` refuses weights that would break the
-invariants the trainer relies on: a format failure is a turn's worst outcome, an invalid or repeated word never
-scores above a valid new one, and a winning reply outscores every other reply to its board (GRPO's group: the
-replies to one board, which all win, if they win, at the same guess count, so `early` may be small). Any
-inconsistent input or non-finite value raises; nothing is silently scored 0.
+weighted sum of the values. `RewardWeights` refuses weights that would break the invariants the trainer
+relies on: a format failure is a turn's worst outcome, an invalid or repeated word never scores above a
+valid new one, and a winning reply outscores every other reply to its board (GRPO's group: the replies to one
+board, which all win, if they win, at the same guess count, so `early` may be small). Any inconsistent input
+or non-finite value raises; nothing is silently scored 0.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from .state import MAX_GUESSES
 GAME_COMPONENTS = ("win", "early")
 TURN_COMPONENTS = ("format", "valid", "consistent", "info_gain", "repeat", "length")
 COMPONENTS = GAME_COMPONENTS + TURN_COMPONENTS
-WIN_OVER = ("secret", "candidates")     # what a reply's win is scored against: the game's secret, or its expectation
 
 
 class ReplyKind(str, Enum):
@@ -133,16 +130,11 @@ class TurnFacts:
 class Rewards:
     """Scores turns and games against a candidate universe (the answer list)."""
 
-    def __init__(self, weights: RewardWeights, answers: Sequence[str], max_guesses: int = MAX_GUESSES,
-                 win_over: str = "secret"):
+    def __init__(self, weights: RewardWeights, answers: Sequence[str], max_guesses: int = MAX_GUESSES):
         weights.check()
-        if win_over not in WIN_OVER:
-            raise ValueError(f"win_over must be one of {', '.join(WIN_OVER)}, got {win_over!r}")
         self.weights = weights
         self.max_guesses = max_guesses
-        self.win_over = win_over
         self.answers = tuple(answers)
-        self._answer_index = {w: i for i, w in enumerate(self.answers)}
         self._encoded = encode_words(self.answers)
         self._candidates = lru_cache(maxsize=4096)(self._candidate_rows)
 
@@ -205,26 +197,10 @@ class Rewards:
     def turn_mode_values(self, t: TurnFacts) -> dict[str, float]:
         """The per-turn components plus win/early when this very guess wins (a GRPO group's reply)."""
         values = self.turn_values(t)
-        if self.win_over == "candidates":
-            p_win = self.win_probability(t)
-            values["win"] = p_win
-            values["early"] = p_win * self.early_value(True, len(t.history) + 1)
-            return values
         won = t.kind is ReplyKind.VALID and t.guess == t.secret
         values["win"] = 1.0 if won else 0.0
         values["early"] = self.early_value(won, len(t.history) + 1)
         return values
-
-    def win_probability(self, t: TurnFacts) -> float:
-        """P(this guess wins) when the secret is any answer that fits the board, all equally likely: 1 / #fitting
-        for a fitting answer, else 0. It does not depend on which secret the game drew, so a reply's reward says
-        how good the guess is on its board, not whether it named this game's word; the board must fit its secret."""
-        rows = self._candidates(t.history)
-        secret = self._answer_index.get(t.secret)
-        if secret is None or not np.any(rows == secret):
-            raise ValueError(f"the board {t.history!r} does not fit its secret {t.secret!r}")
-        guess = self._answer_index.get(t.guess) if t.kind is ReplyKind.VALID else None
-        return 1.0 / len(rows) if guess is not None and np.any(rows == guess) else 0.0
 
     def total(self, values: dict[str, float]) -> float:
         return self.weights.total(values)

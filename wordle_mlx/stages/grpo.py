@@ -132,7 +132,7 @@ def grpo_task(cfg: GRPOConfig, player: grpo_step.Player, optimizer, prompt: Prom
     """One GRPO step: draw B prompts, play and score them, and update on the groups with a spread."""
     model, tokenizer, rl = player.model, player.tokenizer, cfg.rl
     allowed = frozenset(guess_list())
-    rewards = Rewards(cfg.reward.weights(), answers(), win_over=cfg.reward.win_over)
+    rewards = Rewards(cfg.reward.weights(), answers())
     solver = Solver(load_table(show_progress=cfg.run.progress and world.is_main))
     prompts = PromptSource(rl.k_weights, solver, cfg.run.seed)
     settings = grpo_step.UpdateSettings(LossSettings(beta=rl.beta, temperature=rl.temperature,

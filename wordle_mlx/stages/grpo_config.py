@@ -48,13 +48,10 @@ class RewardSection(StrictModel):
     info_gain: float = Field(0.1, ge=0, description="The guess's feedback entropy over the fitting answers, / log2 "
                              "of their count.")
     repeat: float = Field(0.35, ge=0, description="-1 for a word already on the board.")
-    win_over: Literal["secret", "candidates"] = Field(
-        "secret", description="What win and early score: naming the game's secret (secret), or their expectation "
-        "when the secret is any answer that fits the board (candidates: 1 / #fitting for a fitting answer).")
 
     def weights(self) -> RewardWeights:
         """The `game/rewards.py` weights (a win is the unit), checked against the reward invariants."""
-        return RewardWeights(win=1.0, length=0.0, **self.model_dump(exclude={"win_over"}))
+        return RewardWeights(win=1.0, length=0.0, **self.model_dump())
 
 
 class GRPOModel(ModelSection):
@@ -108,7 +105,8 @@ class GRPOConfig(TrainConfig):
         "rl.scale_rewards": "advantages are divided by their group's reward std",
         "validation.keep": "validation keeps the best adapter",
         "reward.win": "a win is the unit (1) the other weights are measured in",
-        "reward.length": "no recipe used it (0)"}
+        "reward.length": "no recipe used it (0)",
+        "reward.win_over": "a win is scored on the game's secret"}
     model: GRPOModel = Field(default_factory=GRPOModel)
     optimizer: GRPOOptimizer = Field(default_factory=GRPOOptimizer)
     run: GRPORun = Field(default_factory=GRPORun)

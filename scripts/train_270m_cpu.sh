@@ -14,10 +14,10 @@
 # steps from the SFT start as step 0, the best kept) all use words decoding. The last two coverage rounds are the
 # ones that trained the shipped adapter from its start (docs/RESULTS.md, "The shipped adapter"); the three coverage
 # SFT passes also train every reply token over the whole vocabulary (train_free), as those rounds did, so that
-# --decode free plays (it adds about 3 s to a step, 35 min to the recipe). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
+# --decode free plays (it adds about 1.4 s to a step, 17 min to the recipe). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
 #
-# Time, measured on a 2-core AVX-512 host, each stage alone (docs/RESULTS.md, "The recipe"): 3 h 19 min of
-# training (the first SFT passes 6-16 min each, the coverage passes with train_free 21-23 min; GRPO's 100 steps
+# Time, measured on a 2-core AVX-512 host, each stage alone (docs/RESULTS.md, "The recipe"): 2 h 58 min of
+# training (the first SFT passes 6-16 min each, the coverage passes with train_free 14-16 min; GRPO's 100 steps
 # with their 6 validation passes 33 min; each self-play round 4-5 min), then about 20 min of evals. On a 2-core
 # AVX2 host stages take 2.2-2.8x longer.
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens

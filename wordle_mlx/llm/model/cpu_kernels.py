@@ -103,7 +103,7 @@ def use_fast_gelu(model) -> int:
 _THREADS = min(os.cpu_count() or 1, 8)
 _POOL = ThreadPoolExecutor(max_workers=_THREADS)
 _NUMPY_MIN_WIDTH = 4096     # logits narrower than this stay in MLX
-_FLUSH = 2.0 ** -100        # gradient entries smaller than this are flushed to 0 (float32's normal floor: 2^-126)
+_FLUSH = 2.0 ** -100        # the gradient's softmax entries below _FLUSH / |cotangent| become 0 (normal floor 2^-126)
 
 
 def _by_rows(fn, n: int) -> None:
@@ -138,7 +138,7 @@ def _cross_entropy_numpy_vjp(primals, cotangent, output):
     # row's other entries, but a trained model's logits span enough that many would be subnormal, and the matmul
     # that carries this gradient back through the head runs several times slower on subnormal operands (x86
     # microcode assists; benchmarks/cpu_kernels.py)
-    with np.errstate(divide="ignore", over="ignore"):
+    with np.errstate(all="ignore"):        # |c| 0 gives an infinite floor: the row's gradient is 0
         floor = (_FLUSH / np.minimum(1.0, np.abs(c.astype(np.float64)))).astype(np.float32)
 
     def rows(a: int, b: int) -> None:

@@ -16,10 +16,10 @@
 # SFT passes also train every reply token over the whole vocabulary (train_free), as those rounds did, so that
 # --decode free plays (it adds about 1.4 s to a step, 17 min to the recipe). Each adapter records its decoding (adapter_config.json), and eval plays it by default.
 #
-# Time, measured on a 2-core AVX-512 host, each stage alone (docs/RESULTS.md, "The recipe"): 2 h 58 min of
-# training (the first SFT passes 6-16 min each, the coverage passes with train_free 14-16 min; GRPO's 100 steps
-# with their 6 validation passes 33 min; each self-play round 4-5 min), then about 20 min of evals. On a 2-core
-# AVX2 host stages take 2.2-2.8x longer.
+# Time, measured in one whole run on a 2-core AVX-512 host (docs/RESULTS.md, "The recipe"): 2 h 15 min of
+# training (the SFT passes 4-15 min each, the coverage passes with train_free 13-15 min; GRPO's 100 steps with
+# their 6 validation passes 25 min; each self-play round 3-4 min), then about 45 min of evals (16 of 200 games,
+# the shipped adapter's two for the guard). On a 2-core AVX2 host stages take 2.2-2.8x longer.
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (no 262k-entry softmax; the last pass adds it for its whole reply), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and

@@ -25,8 +25,8 @@ test: setup
 demo: setup
 	bash scripts/demo.sh
 
-# The real run (2 h 50 min of training on a 2-core AVX-512 host, then 20 min of evals; its stage times are in
-# docs/RESULTS.md; resumable: run it again after an interruption).
+# The real run (2 h 15 min of training on a 2-core AVX-512 host, then about 45 min of evals; its stage times are
+# in docs/RESULTS.md; resumable: run it again after an interruption).
 train-270m: setup
 	bash scripts/train_270m_cpu.sh
 

@@ -9,9 +9,7 @@ whole SFT step.
    the weighted loss of `--vocab-rows` hidden states (208: a `train_free` batch of 16 replies of 13 tokens)
    projected onto a random (262144, 640) head, the full loss `train_free` adds to an SFT step. With
    `--sft-config`, a real `train_free` SFT step of that config, with the numpy gradient's subnormal entries
-   flushed to 0 and not (`real_sft_step`). The numpy kernel keeps its buffers between calls, and the training
-   setup keeps MLX's freed buffers (`llm/model/memory.py`); both also time the kernel with fresh buffers (the
-   numpy ones dropped before each call; in the real step MLX's cache at its 32 MB default too).
+   flushed to 0 and not (`real_sft_step`).
 4. One LoRA SFT gradient step (value_and_grad + eval) of the 270M on the same random batch, with mlx-lm's
    GELU and with the fast one (the MLP class is switched back and forth on one model), alternated.
 Last line: `speedup X.XX` (the SFT step, exact over fast).
@@ -52,9 +50,6 @@ def matmul_gflops(coretype: str | None) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-MLX_DEFAULT_CACHE = 32 << 20     # MLX's CPU cache of freed buffers when nothing sets it
-
-
 def best_of(fn, repeats: int) -> float:
     fn()
     times = []
@@ -92,8 +87,6 @@ def real_sft_step(config: str, repeats: int) -> None:
     batches = batches[:: max(1, len(batches) // 6)][:6]
     step = nn.value_and_grad(model, loss_sum)
     model.train()
-    kept_cache = mx.set_cache_limit(MLX_DEFAULT_CACHE)      # what the training setup set (llm/model/memory.py)
-    mx.set_cache_limit(kept_cache)
 
     def seconds(batch) -> float:
         start = time.perf_counter()
@@ -101,36 +94,19 @@ def real_sft_step(config: str, repeats: int) -> None:
         mx.eval(s, n, g)
         return time.perf_counter() - start
 
-    def kept() -> None:          # the training setup's buffers: MLX's cache as set, the numpy ones kept
-        mx.set_cache_limit(kept_cache)
-
-    def fresh() -> None:         # fresh buffers, as before they were kept: MLX's default cache, numpy's dropped
-        mx.set_cache_limit(MLX_DEFAULT_CACHE)
-        mx.clear_cache()
-        cpu_kernels.drop_scratch()
-
-    settings = {"flushed": (kept, 2.0 ** -100), "not flushed": (kept, 0.0), "fresh buffers": (fresh, 2.0 ** -100)}
-    times = {name: [] for name in (*settings, "words loss only")}
+    times = {"flushed": [], "not flushed": [], "words loss only": []}
     for _ in range(repeats):
-        for batch in batches:    # each setting: one step to settle its buffers, then the timed one
-            for name, (buffers, flush) in settings.items():
-                with mock.patch.object(cpu_kernels, "_FLUSH", flush):
-                    buffers()
-                    seconds(batch)
-                    if buffers is fresh:
-                        fresh()
-                    times[name].append(seconds(batch))
-            kept()
-            words = dataclasses.replace(batch, vocab=None)
-            seconds(words)
-            times["words loss only"].append(seconds(words))
+        for batch in batches:
+            times["flushed"].append(seconds(batch))
+            with mock.patch.object(cpu_kernels, "_FLUSH", 0.0):
+                times["not flushed"].append(seconds(batch))
+            times["words loss only"].append(seconds(dataclasses.replace(batch, vocab=None)))
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"SFT step of {config} (train_free, {batches[0].inputs.shape[0]} examples, median of "
           f"{len(times['flushed'])}): not flushed {med['not flushed']:.2f} s, flushed {med['flushed']:.2f} s "
           f"({med['not flushed'] / med['flushed']:.2f}x); the words loss alone {med['words loss only']:.2f} s, so "
           f"train_free adds {med['not flushed'] - med['words loss only']:.2f} -> "
-          f"{med['flushed'] - med['words loss only']:.2f} s a step; flushed with fresh buffers "
-          f"{med['fresh buffers']:.2f} s ({med['fresh buffers'] / med['flushed']:.2f}x the kept buffers' time)")
+          f"{med['flushed'] - med['words loss only']:.2f} s a step")
 
 
 def main() -> None:
@@ -190,15 +166,12 @@ def main() -> None:
     ce_grads = {name: mx.value_and_grad(lambda h, ce=ce: (ce(h @ head.T, token_ids) * row_weights).sum())
                 for name, ce in (("mlx", nn.losses.cross_entropy), ("numpy", cpu_kernels.cross_entropy))}
     ce_times = {name: best_of(lambda g=g: mx.eval(g(hidden)), args.repeats) for name, g in ce_grads.items()}
-    # the numpy kernel keeps its buffers between calls; fresh ones cost a page fault per page
-    fresh = best_of(lambda: (cpu_kernels.drop_scratch(), mx.eval(ce_grads["numpy"](hidden))), args.repeats)
     (v_mlx, g_mlx), (v_np, g_np) = ce_grads["mlx"](hidden), ce_grads["numpy"](hidden)
     print(f"cross-entropy ({rows}x{vocab} logits from a {width}-wide head, value and gradient): "
           f"nn.losses.cross_entropy {ce_times['mlx'] * 1e3:.0f} ms, numpy {ce_times['numpy'] * 1e3:.0f} ms "
           f"({ce_times['mlx'] / ce_times['numpy']:.2f}x); relative difference value "
           f"{abs(v_np.item() - v_mlx.item()) / abs(v_mlx.item()):.1e}, gradient "
-          f"{(mx.abs(g_np - g_mlx).max() / mx.abs(g_mlx).max()).item():.1e}; numpy with fresh buffers each call "
-          f"{fresh * 1e3:.0f} ms ({fresh / ce_times['numpy']:.2f}x the kept buffers' time)")
+          f"{(mx.abs(g_np - g_mlx).max() / mx.abs(g_mlx).max()).item():.1e}")
 
     if args.sft_config:     # a real train_free SFT step: its gradient with the subnormal flush on and off
         real_sft_step(args.sft_config, args.repeats)

@@ -146,7 +146,7 @@ class GRPOGradCheckpointTest(unittest.TestCase):
 
         assert_trees_close(self, updated(True), updated(False))
 
-    def test_train_applies_grad_checkpoint_and_the_memory_setup(self):
+    def test_train_applies_grad_checkpoint_and_the_metal_memory_setup(self):
         from wordle_mlx.llm.training import policy
         from wordle_mlx.stages import grpo
 
@@ -155,7 +155,7 @@ class GRPOGradCheckpointTest(unittest.TestCase):
             cfg = validate_config({"model": {"name": "builtin:tiny-random", "adapter": None, "grad_checkpoint": on},
                                    "run": {"logs_dir": tempfile.mkdtemp(), "progress": False}}, grpo.GRPOConfig, "test")
             with mock.patch.object(policy, "set_grad_checkpoint", wraps=policy.set_grad_checkpoint) as checkpointing, \
-                    mock.patch.object(policy, "configure_memory", wraps=policy.configure_memory) as setup, \
+                    mock.patch.object(policy, "configure_metal_memory", wraps=policy.configure_metal_memory) as setup, \
                     mock.patch.object(grpo, "make_optimizer", side_effect=RuntimeError("stop after loading")):
                 with self.assertRaisesRegex(RuntimeError, "stop after loading"):
                     grpo.run(cfg)

@@ -106,26 +106,6 @@ _NUMPY_MIN_WIDTH = 4096     # logits narrower than this stay in MLX
 _FLUSH = 2.0 ** -100        # the gradient's softmax entries below _FLUSH / |cotangent| become 0 (normal floor 2^-126)
 
 
-_SCRATCH: dict[str, np.ndarray] = {}   # reusable buffers of the cross-entropy (see _scratch)
-
-
-def _scratch(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A buffer of this shape and dtype kept between calls, grown when too small. A `train_free` batch's rows are
-    208 x 262k float32 (218 MB): fresh pages for them each step cost a page fault apiece, which on some virtual
-    machines was half of this kernel's time (benchmarks/cpu_kernels.py). Called before the threads start."""
-    size = math.prod(shape)
-    buf = _SCRATCH.get(name)
-    if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
-        _SCRATCH.pop(name, None)            # free the old one before taking the new
-        buf = _SCRATCH[name] = np.empty(size, dtype=dtype)
-    return buf[:size].reshape(shape)
-
-
-def drop_scratch() -> None:
-    """Free the kept buffers (the next call takes fresh ones): for memory, and for benchmarks/cpu_kernels.py."""
-    _SCRATCH.clear()
-
-
 def _by_rows(fn, n: int) -> None:
     """Run fn(start, stop) over row blocks of n rows on the pool's threads (numpy releases the GIL)."""
     blocks = np.linspace(0, n, min(_THREADS, max(n, 1)) + 1).astype(int)
@@ -137,11 +117,10 @@ def _cross_entropy_numpy(logits: mx.array, targets: mx.array) -> mx.array:
     y = np.asarray(logits)                 # evaluates the logits (the graph behind them is kept for the gradient)
     t = np.asarray(targets)
     out = np.empty(y.shape[0], dtype=np.float32)
-    work = _scratch("rows", y.shape, y.dtype)
 
     def rows(a: int, b: int) -> None:
         top = y[a:b].max(axis=-1, keepdims=True)
-        shifted = np.subtract(y[a:b], top, out=work[a:b])
+        shifted = np.subtract(y[a:b], top)
         np.exp(shifted, out=shifted)
         # log-sum-exp minus the target's logit, the maximum cancelled exactly (top - target, not lse - target)
         out[a:b] = np.log(shifted.sum(axis=-1)) + (top[:, 0] - y[np.arange(a, b), t[a:b]])
@@ -154,8 +133,7 @@ def _cross_entropy_numpy(logits: mx.array, targets: mx.array) -> mx.array:
 def _cross_entropy_numpy_vjp(primals, cotangent, output):
     logits, targets = primals
     y, t, c, loss = np.asarray(logits), np.asarray(targets), np.asarray(cotangent), np.asarray(output)
-    grad = _scratch("rows", y.shape, y.dtype)     # returned as a copy (mx.array), so the buffer can be kept
-    small = _scratch("mask", y.shape, np.bool_)
+    grad = np.empty_like(y)
     # softmax entries below _FLUSH / |c| are set to 0: times c they would be below _FLUSH, nothing next to the
     # row's other entries, but a trained model's logits span enough that many would be subnormal, and the matmul
     # that carries this gradient back through the head runs several times slower on subnormal operands (x86
@@ -168,8 +146,7 @@ def _cross_entropy_numpy_vjp(primals, cotangent, output):
         g = grad[a:b]
         np.subtract(y[a:b], (loss[a:b] + y[r, t[a:b]])[:, None], out=g)   # y - log-sum-exp
         np.exp(g, out=g)                                                   # the softmax
-        np.less(g, floor[a:b, None], out=small[a:b])
-        np.copyto(g, 0.0, where=small[a:b])                                # no subnormal products (see above)
+        np.copyto(g, 0.0, where=g < floor[a:b, None])                      # no subnormal products (see above)
         g *= c[a:b, None]
         g[r - a, t[a:b]] -= c[a:b]
 

@@ -22,7 +22,7 @@ from ...config import display_path, resolve_path
 from ...errors import UserError
 from ..model.logits import set_grad_checkpoint
 from ..model.lora import adapter_config, apply_lora, freeze_lora_below, lora_parameters, lora_to_float32
-from ..model.memory import configure_memory
+from ..model.memory import configure_metal_memory
 from ..model.models import load_model
 from ..play.prompts import ADAPTER_PROMPT_KEY, PromptConfig
 from ..play.reply_grammar import LEGACY_TAGS_KEY, adapter_decoding, decoding_record
@@ -71,7 +71,7 @@ def load_policy(cfg, prompt: PromptConfig, decode: str, trains_free: bool):
         freeze_lora_below(model, cfg.lora.train_layers)
     if cfg.model.grad_checkpoint:
         set_grad_checkpoint(model)
-    configure_memory()
+    configure_metal_memory()
     acfg.pop(LEGACY_TAGS_KEY, None)       # a start adapter's old record: trained_free replaces it
     acfg.update({"base_model": cfg.model.name, ADAPTER_PROMPT_KEY: prompt.model_dump(),
                  **trained_record(decode, trains_free, adapter)})

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import find_openblas, openblas_coretype, reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import find_openblas, openblas_coretype, reexec_for_linux_cpu  # noqa: E402
 
 MATMUL = ("import time, mlx.core as mx\n"
           "a = mx.random.normal((2048, 2048)); mx.eval(a); mx.eval(a @ a)\n"
@@ -110,7 +110,7 @@ def real_sft_step(config: str, repeats: int) -> None:
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     import mlx.core as mx
     import mlx.nn as nn
     import numpy as np

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def matmul_gflops(rows: int, inner: int, cols: int, repeats: int = 5) -> float:
@@ -54,7 +54,7 @@ def linear_macs(module) -> int:
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="builtin:gemma-3-270m")
     ap.add_argument("--adapter", default=str(ROOT / "adapters" / "gemma-3-270m-wordle"))

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def why(free_text: str, grammar_text: str, allowed) -> str:
@@ -34,7 +34,7 @@ def why(free_text: str, grammar_text: str, allowed) -> str:
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="builtin:gemma-3-270m")
     ap.add_argument("--adapter", default=str(ROOT / "adapters" / "gemma-3-270m-wordle"))

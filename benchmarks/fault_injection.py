@@ -269,8 +269,8 @@ def summarise(trials: list[Trial]) -> dict:
 
 
 def main() -> int:
-    from wordle_mlx.blas import reexec_with_openblas
-    reexec_with_openblas()
+    from wordle_mlx.blas import reexec_for_linux_cpu
+    reexec_for_linux_cpu()
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=20, help="Kills per command (sft and train).")
     parser.add_argument("--seed", type=int, default=0)

@@ -35,7 +35,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 from wordle_mlx.llm.play.rollout import RolloutConfig  # noqa: E402
 from wordle_mlx.rehearsal import first_reply_a_word, recipe_config as recipe  # noqa: E402
 
@@ -224,7 +224,7 @@ def kernel_rates() -> None:
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=["4bit", "bf16"], choices=sorted(KINDS))
     ap.add_argument("--skip-export", action="store_true")

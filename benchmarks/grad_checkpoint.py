@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     import mlx.core as mx
     import mlx.nn as nn
 

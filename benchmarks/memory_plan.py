@@ -113,7 +113,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from wordle_mlx.blas import reexec_with_openblas
+    from wordle_mlx.blas import reexec_for_linux_cpu
 
-    reexec_with_openblas()           # as the CLI does: MLX's bundled reference BLAS is ~30x slower on Linux
+    reexec_for_linux_cpu()           # as the CLI does: MLX's bundled reference BLAS is ~30x slower on Linux
     main()

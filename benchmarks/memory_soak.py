@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -47,7 +47,7 @@ def release_free_heap() -> None:
 
 
 def main() -> int:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=2, help="B: prompts per step")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def sequential(model, tokenizer, prompts: list[list[int]], max_tokens: int) -> int:
@@ -42,7 +42,7 @@ def sequential(model, tokenizer, prompts: list[list[int]], max_tokens: int) -> i
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:gemma-3-270m")
     parser.add_argument("--games", type=int, default=8)

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def make_small_data(folder: str, examples: int) -> str:
@@ -44,7 +44,7 @@ def make_small_data(folder: str, examples: int) -> str:
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.tuner.trainer import default_loss

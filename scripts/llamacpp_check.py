@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         worker(*args.worker)
         return 0
     sys.path.insert(0, str(ROOT))
-    from wordle_mlx.blas import reexec_with_openblas
-    reexec_with_openblas()     # MLX's bundled reference BLAS is ~30x slower on Linux
+    from wordle_mlx.blas import reexec_for_linux_cpu
+    reexec_for_linux_cpu()     # MLX's bundled reference BLAS is ~30x slower on Linux
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import parse_reply
     from wordle_mlx.stages import export

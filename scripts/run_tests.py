@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_with_openblas  # noqa: E402
+from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 class CountingResult(unittest.TextTestResult):
@@ -41,7 +41,7 @@ class CountingResult(unittest.TextTestResult):
 
 
 def main() -> int:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     parser = argparse.ArgumentParser()
     parser.add_argument("-k", dest="patterns", action="append", default=None)
     parser.add_argument("-v", "--verbose", action="store_true")

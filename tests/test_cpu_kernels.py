@@ -1,11 +1,15 @@
 """The CPU speed-ups compute the same functions: the fast GELU (values and gradients against mlx-lm's
 `nn.gelu_approx`, and a whole model's logits and LoRA gradients with either), the numpy cross-entropy (values and
 gradients against `nn.losses.cross_entropy`, alone and in the `train_free` SFT loss) and the OpenBLAS core type
-chosen from CPU flags. Speed is measured in benchmarks/cpu_kernels.py, not here."""
+chosen from CPU flags, and the environment the CLI re-executes with on Linux (OpenBLAS, its core type, the malloc
+tunables). Speed is measured in benchmarks/cpu_kernels.py and benchmarks/malloc_reuse.py, not here."""
 
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
+import sys
 import unittest
 from unittest import mock
 
@@ -15,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text
 
-from wordle_mlx.blas import openblas_coretype
+from wordle_mlx.blas import MALLOC_TUNABLES, linux_cpu_env, openblas_coretype
 from wordle_mlx.llm.model import cpu_kernels, lora, models
 from wordle_mlx.llm.training.sft_loss import loss_sum
 from . import assert_f32_close
@@ -145,6 +149,44 @@ class CoretypeTest(unittest.TestCase):
         self.assertEqual(openblas_coretype({"avx2", "fma", "avx"}), "Haswell")
         self.assertIsNone(openblas_coretype({"sse2", "avx"}))
         self.assertIsNone(openblas_coretype(set()))
+
+
+class LinuxCpuEnvTest(unittest.TestCase):
+    LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
+
+    def test_a_fresh_process_gets_openblas_its_core_type_and_the_malloc_tunables(self):
+        env = linux_cpu_env({"PATH": "/bin", "LD_PRELOAD": "libx.so"}, self.LIB, "SkylakeX")
+        self.assertEqual(env["LD_PRELOAD"], f"{self.LIB}:libx.so")
+        self.assertEqual(env["OPENBLAS_CORETYPE"], "SkylakeX")
+        self.assertEqual(env["GLIBC_TUNABLES"], MALLOC_TUNABLES)
+        self.assertEqual(env["PATH"], "/bin")
+        self.assertIn("glibc.malloc.mmap_max=0", MALLOC_TUNABLES.split(":"))
+
+    def test_what_the_user_set_is_kept(self):
+        env = linux_cpu_env({"OPENBLAS_CORETYPE": "Haswell", "GLIBC_TUNABLES": ""}, self.LIB, "SkylakeX")
+        self.assertEqual((env["OPENBLAS_CORETYPE"], env["GLIBC_TUNABLES"]), ("Haswell", ""))
+        # OpenBLAS already preloaded: only the tunables are missing; with them set too, nothing to re-execute for
+        env = linux_cpu_env({"LD_PRELOAD": self.LIB}, self.LIB, "SkylakeX")
+        self.assertEqual((env["LD_PRELOAD"], env["GLIBC_TUNABLES"]), (self.LIB, MALLOC_TUNABLES))
+        self.assertNotIn("OPENBLAS_CORETYPE", env)
+        self.assertIsNone(linux_cpu_env({"LD_PRELOAD": self.LIB, "GLIBC_TUNABLES": "glibc.malloc.check=0"},
+                                        self.LIB, "SkylakeX"))
+
+    def test_no_openblas_still_gets_the_tunables_and_opting_out_or_the_guard_stops_it(self):
+        self.assertEqual(linux_cpu_env({}, None, "SkylakeX"), {"GLIBC_TUNABLES": MALLOC_TUNABLES,
+                                                              "WORDLE_MLX_BLAS_REEXECED": "1"})
+        self.assertIsNone(linux_cpu_env({"WORDLE_MLX_NO_REEXEC": "1"}, self.LIB, None))
+        self.assertIsNone(linux_cpu_env({"WORDLE_MLX_BLAS_REEXECED": "1"}, self.LIB, None))
+
+    @unittest.skipUnless(platform.system() == "Linux", "the re-exec is for Linux")
+    def test_a_real_process_reexecutes_with_the_tunables(self):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("GLIBC_TUNABLES", "WORDLE_MLX_BLAS_REEXECED", "WORDLE_MLX_NO_REEXEC")}
+        code = ("from wordle_mlx.blas import reexec_for_linux_cpu\nreexec_for_linux_cpu()\n"
+                "import os\nprint(os.environ['GLIBC_TUNABLES'])")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.assertEqual(out.stdout.strip(), MALLOC_TUNABLES)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ class DoctorTest(unittest.TestCase):
         result = CliRunner().invoke(app, ["doctor", "--json", "--size", "256"])
         self.assertEqual(result.exit_code, 0, result.output)
         data = json.loads(result.stdout)
-        for key in ("platform", "mlx_version", "mlx_lm_version", "device", "blas", "mlx_gflops", "numpy_gflops"):
+        for key in ("platform", "mlx_version", "mlx_lm_version", "device", "blas", "glibc_tunables", "mlx_gflops",
+                    "numpy_gflops"):
             self.assertIn(key, data)
         self.assertGreater(data["mlx_gflops"], 0)
         self.assertGreater(data["numpy_gflops"], 0)

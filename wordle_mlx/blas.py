@@ -1,4 +1,4 @@
-"""Fast BLAS for MLX on Linux CPU.
+"""Fast BLAS and memory reuse for MLX on Linux CPU.
 
 The `mlx[cpu]` wheel bundles the reference BLAS, which runs fp32 matmuls far slower than OpenBLAS.
 Symbols from a library named in LD_PRELOAD win over the bundled ones, so when we run on
@@ -7,8 +7,13 @@ LD_PRELOAD set. OpenBLAS picks its kernels from the CPU model, and on virtual ma
 generic model ("Intel(R) Xeon(R) Processor") it falls back to its oldest x86-64 kernels (Prescott), which
 leave the same AVX-512 cores' vector units unused. So the
 re-exec also sets OPENBLAS_CORETYPE from the CPU's feature flags (SkylakeX with AVX-512, Haswell with
-AVX2 + FMA) unless the user set it. `describe_blas()` reads /proc/self/maps to say which BLAS this
-process really has. Set WORDLE_MLX_NO_REEXEC=1 to opt out of both.
+AVX2 + FMA) unless the user set it. MLX's CPU allocator is plain malloc, and glibc serves every block over 32 MB
+(a step's logits, activations and gradients) with a fresh mmap and unmaps it on free, so each training step
+has the kernel zero hundreds of MB of new pages again. The re-exec also sets GLIBC_TUNABLES (`MALLOC_TUNABLES`:
+no mmap, no trimming, one arena, transparent huge pages) so freed blocks stay in the heap for the next step,
+unless the user set GLIBC_TUNABLES (an empty value keeps glibc's defaults). The results are bit for bit the same.
+`describe_blas()` reads /proc/self/maps to say which BLAS this process really has. Set WORDLE_MLX_NO_REEXEC=1
+to opt out of all of it.
 """
 
 from __future__ import annotations
@@ -56,22 +61,39 @@ def openblas_coretype(cpu_flags: set[str] | None = None) -> str | None:
     return None
 
 
-def reexec_with_openblas() -> None:
-    """Re-execute this process with OpenBLAS preloaded, when that helps. Returns only if it does not."""
-    if platform.system() != "Linux" or os.environ.get("WORDLE_MLX_NO_REEXEC") or os.environ.get(_GUARD):
-        return
-    preload = os.environ.get("LD_PRELOAD", "")
-    if "openblas" in preload:
-        return
-    lib = find_openblas()
-    if lib is None:
-        return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
+# glibc's malloc: large blocks from the heap (no mmap), never trimmed back to the system, one arena for all
+# threads (MLX's CPU stream allocates and the main thread frees), its pages madvised as transparent huge pages
+MALLOC_TUNABLES = ("glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:glibc.malloc.arena_max=1:"
+                   "glibc.malloc.hugetlb=1")
+
+
+def linux_cpu_env(environ: dict[str, str], openblas: str | None, coretype: str | None) -> dict[str, str] | None:
+    """The environment to re-execute with (OpenBLAS preloaded, its core type, the malloc tunables), or None when
+    `environ` already has all of it or opted out."""
+    if environ.get("WORDLE_MLX_NO_REEXEC") or environ.get(_GUARD):
+        return None
+    env = dict(environ)
+    preload = env.get("LD_PRELOAD", "")
+    if openblas and "openblas" not in preload:
+        env["LD_PRELOAD"] = f"{openblas}:{preload}" if preload else openblas
+        if coretype and not env.get("OPENBLAS_CORETYPE"):
+            env["OPENBLAS_CORETYPE"] = coretype
+    if "GLIBC_TUNABLES" not in env:
+        env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+    if env == environ:
+        return None
     env[_GUARD] = "1"
-    coretype = openblas_coretype()
-    if coretype and not env.get("OPENBLAS_CORETYPE"):
-        env["OPENBLAS_CORETYPE"] = coretype
+    return env
+
+
+def reexec_for_linux_cpu() -> None:
+    """Re-execute this process with OpenBLAS preloaded and the malloc tunables set, when that helps. Returns only
+    if it does not."""
+    if platform.system() != "Linux":       # other C libraries than glibc ignore GLIBC_TUNABLES
+        return
+    env = linux_cpu_env(dict(os.environ), find_openblas(), openblas_coretype())
+    if env is None:
+        return
     argv = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
     sys.stdout.flush()
     sys.stderr.flush()

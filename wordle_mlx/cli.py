@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .blas import reexec_with_openblas
+from .blas import reexec_for_linux_cpu
 from .config import load_config
 from .errors import UserError
 from .stop_signals import EXIT_CODES
@@ -377,7 +377,7 @@ def model_import(source: Annotated[str, typer.Argument(help="A Gemma 3 .gguf fil
 
 
 def main() -> None:
-    reexec_with_openblas()
+    reexec_for_linux_cpu()
     try:
         app()
     except UserError as err:

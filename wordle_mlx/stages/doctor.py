@@ -66,6 +66,7 @@ def run(cfg: DoctorConfig) -> dict:
         "metal_available": bool(mx.metal.is_available()),
         "blas": describe_blas(),
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "matmul_size": cfg.size,
         "mlx_gflops": round(mlx_gflops, 1),
         "numpy_gflops": round(numpy_gflops, 1),

@@ -155,7 +155,7 @@ class LinuxCpuEnvTest(unittest.TestCase):
     LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
 
     def test_a_fresh_process_gets_openblas_its_core_type_and_the_malloc_tunables(self):
-        env = linux_cpu_env({"PATH": "/bin", "LD_PRELOAD": "libx.so"}, self.LIB, "SkylakeX")
+        env = linux_cpu_env({"PATH": "/bin", "LD_PRELOAD": "libx.so"}, self.LIB, lambda: "SkylakeX")
         self.assertEqual(env["LD_PRELOAD"], f"{self.LIB}:libx.so")
         self.assertEqual(env["OPENBLAS_CORETYPE"], "SkylakeX")
         self.assertEqual(env["GLIBC_TUNABLES"], MALLOC_TUNABLES)
@@ -163,20 +163,20 @@ class LinuxCpuEnvTest(unittest.TestCase):
         self.assertIn("glibc.malloc.mmap_max=0", MALLOC_TUNABLES.split(":"))
 
     def test_what_the_user_set_is_kept(self):
-        env = linux_cpu_env({"OPENBLAS_CORETYPE": "Haswell", "GLIBC_TUNABLES": ""}, self.LIB, "SkylakeX")
+        env = linux_cpu_env({"OPENBLAS_CORETYPE": "Haswell", "GLIBC_TUNABLES": ""}, self.LIB, lambda: "SkylakeX")
         self.assertEqual((env["OPENBLAS_CORETYPE"], env["GLIBC_TUNABLES"]), ("Haswell", ""))
         # OpenBLAS already preloaded: only the tunables are missing; with them set too, nothing to re-execute for
-        env = linux_cpu_env({"LD_PRELOAD": self.LIB}, self.LIB, "SkylakeX")
+        env = linux_cpu_env({"LD_PRELOAD": self.LIB}, self.LIB, lambda: "SkylakeX")
         self.assertEqual((env["LD_PRELOAD"], env["GLIBC_TUNABLES"]), (self.LIB, MALLOC_TUNABLES))
         self.assertNotIn("OPENBLAS_CORETYPE", env)
         self.assertIsNone(linux_cpu_env({"LD_PRELOAD": self.LIB, "GLIBC_TUNABLES": "glibc.malloc.check=0"},
-                                        self.LIB, "SkylakeX"))
+                                        self.LIB, lambda: "SkylakeX"))
 
     def test_no_openblas_still_gets_the_tunables_and_opting_out_or_the_guard_stops_it(self):
-        self.assertEqual(linux_cpu_env({}, None, "SkylakeX"), {"GLIBC_TUNABLES": MALLOC_TUNABLES,
+        self.assertEqual(linux_cpu_env({}, None, lambda: "SkylakeX"), {"GLIBC_TUNABLES": MALLOC_TUNABLES,
                                                               "WORDLE_MLX_BLAS_REEXECED": "1"})
-        self.assertIsNone(linux_cpu_env({"WORDLE_MLX_NO_REEXEC": "1"}, self.LIB, None))
-        self.assertIsNone(linux_cpu_env({"WORDLE_MLX_BLAS_REEXECED": "1"}, self.LIB, None))
+        self.assertIsNone(linux_cpu_env({"WORDLE_MLX_NO_REEXEC": "1"}, self.LIB, lambda: None))
+        self.assertIsNone(linux_cpu_env({"WORDLE_MLX_BLAS_REEXECED": "1"}, self.LIB, lambda: None))
 
     @unittest.skipUnless(platform.system() == "Linux", "the re-exec is for Linux")
     def test_a_real_process_reexecutes_with_the_tunables(self):

@@ -22,6 +22,7 @@ import os
 import platform
 import sys
 from pathlib import Path
+from typing import Callable
 
 OPENBLAS_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
@@ -67,17 +68,18 @@ MALLOC_TUNABLES = ("glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476
                    "glibc.malloc.hugetlb=1")
 
 
-def linux_cpu_env(environ: dict[str, str], openblas: str | None, coretype: str | None) -> dict[str, str] | None:
+def linux_cpu_env(environ: dict[str, str], openblas: str | None,
+                  coretype: Callable[[], str | None]) -> dict[str, str] | None:
     """The environment to re-execute with (OpenBLAS preloaded, its core type, the malloc tunables), or None when
-    `environ` already has all of it or opted out."""
+    `environ` already has all of it or opted out. `coretype` is asked only when OpenBLAS gets preloaded."""
     if environ.get("WORDLE_MLX_NO_REEXEC") or environ.get(_GUARD):
         return None
     env = dict(environ)
     preload = env.get("LD_PRELOAD", "")
     if openblas and "openblas" not in preload:
         env["LD_PRELOAD"] = f"{openblas}:{preload}" if preload else openblas
-        if coretype and not env.get("OPENBLAS_CORETYPE"):
-            env["OPENBLAS_CORETYPE"] = coretype
+        if not env.get("OPENBLAS_CORETYPE") and (kernels := coretype()):
+            env["OPENBLAS_CORETYPE"] = kernels
     if "GLIBC_TUNABLES" not in env:
         env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
     if env == environ:
@@ -91,7 +93,7 @@ def reexec_for_linux_cpu() -> None:
     if it does not."""
     if platform.system() != "Linux":       # other C libraries than glibc ignore GLIBC_TUNABLES
         return
-    env = linux_cpu_env(dict(os.environ), find_openblas(), openblas_coretype())
+    env = linux_cpu_env(dict(os.environ), find_openblas(), openblas_coretype)
     if env is None:
         return
     argv = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))

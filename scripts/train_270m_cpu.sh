@@ -19,8 +19,8 @@
 # Time, measured in one whole run on a 2-core AVX-512 host (docs/RESULTS.md, "The recipe"): 2 h 15 min of
 # training (the SFT passes 4-15 min each, the coverage passes with train_free 13-15 min; GRPO's 100 steps with
 # their 6 validation passes 25 min; each self-play round 3-4 min), then about 45 min of evals (16 of 200 games,
-# the shipped adapter's two for the guard). On a slower 2-core AVX-512 host stages took about 1.5x longer (about
-# 3 h 20 min of training), on a 2-core AVX2 host 2.2-2.8x.
+# the shipped adapter's two for the guard). On a slower 2-core AVX-512 host the stages up to GRPO took 1.26x as
+# long (about 2 h 51 min of training projected), on a 2-core AVX2 host 2.2-2.8x.
 # What makes it fast: every SFT pass trains only the reply's 5 letters as choices among the 26 letter tokens
 # (no 262k-entry softmax; the last pass adds it for its whole reply), every pass after the first trains only the
 # last 6 blocks' LoRA (the backward pass stops there), self-play scores candidates on the 26 letter rows, and

@@ -2,7 +2,7 @@
 whole SFT step.
 
 1. fp32 2048x2048 matmul in MLX with OpenBLAS's own CPU detection (OPENBLAS_CORETYPE unset) against the
-   core type `wordle_mlx.blas` sets from the CPU flags; each in a fresh process, alternated.
+   core type `wordle_mlx.runtime.blas` sets from the CPU flags; each in a fresh process, alternated.
 2. `nn.gelu_approx` against `cpu_kernels.gelu_approx_fast` on a (1024, 2048) block: forward and gradient,
    plus the largest difference in value and gradient.
 3. `nn.losses.cross_entropy` against `cpu_kernels.cross_entropy` over the vocabulary: the value and gradient of
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import find_openblas, openblas_coretype, reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import find_openblas, openblas_coretype, reexec_for_linux_cpu  # noqa: E402
 
 MATMUL = ("import time, mlx.core as mx\n"
           "a = mx.random.normal((2048, 2048)); mx.eval(a); mx.eval(a @ a)\n"
@@ -75,14 +75,14 @@ def real_sft_step(config: str, repeats: int) -> None:
     from wordle_mlx.config import load_config
     from wordle_mlx.llm.model import cpu_kernels
     from wordle_mlx.llm.training.distributed import init_world
-    from wordle_mlx.llm.training.policy import load_policy
+    from wordle_mlx.llm.training.policy import load_policy, start_adapter
     from wordle_mlx.llm.training.sft_loss import loss_sum
     from wordle_mlx.stages import sft
     from wordle_mlx.stages.sft_config import SFTConfig
 
     cfg = load_config(config, SFTConfig)
     data_dir, train, _, prompt = sft.load_data(cfg)
-    model, tokenizer, _, _ = load_policy(cfg, prompt, cfg.decode, cfg.train_free)
+    model, tokenizer, _, _ = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), prompt, cfg.decode, cfg.train_free)
     batches, _, _ = sft.prepare_batches(cfg, tokenizer, prompt, data_dir, train[:800], [], init_world())
     batches = batches[:: max(1, len(batches) // 6)][:6]
     step = nn.value_and_grad(model, loss_sum)

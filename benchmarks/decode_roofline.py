@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def matmul_gflops(rows: int, inner: int, cols: int, repeats: int = 5) -> float:
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     args = ap.parse_args()
 
-    from wordle_mlx.blas import describe_blas
+    from wordle_mlx.runtime.blas import describe_blas
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.state import GameState
     from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def why(free_text: str, grammar_text: str, allowed) -> str:
@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--games", type=int, default=100)
     args = ap.parse_args()
 
-    from wordle_mlx.blas import describe_blas
+    from wordle_mlx.runtime.blas import describe_blas
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import guess_list
     from wordle_mlx.llm.model.models import load_model

@@ -53,7 +53,7 @@ CONFIGS = {
 }
 # command -> (CLI subcommand, config file, metrics kind, total steps, checkpoints written by a full run: one every
 # save_every steps before the last, and one at the last)
-STAGES = {"sft": ("sft", "sft.json", "sft", SFT_STEPS, SFT_STEPS // SFT_SAVE_EVERY),
+STAGES = {"sft": ("sft", "sft.json", "train", SFT_STEPS, SFT_STEPS // SFT_SAVE_EVERY),
           "train": ("train", "grpo.json", "train", GRPO_STEPS, GRPO_STEPS // GRPO_SAVE_EVERY)}
 
 
@@ -79,8 +79,8 @@ def make_workspace(root: Path) -> Path:
 
 
 def step_records(run_dir: Path, kind: str) -> list[dict]:
-    from wordle_mlx.metrics import read_jsonl
-    return [r for _, r in read_jsonl(run_dir / "metrics.jsonl", warn=lambda m: None) if r.get("kind") == kind]
+    from wordle_mlx.storage.metrics import read_jsonl, record_kind
+    return [r for _, r in read_jsonl(run_dir / "metrics.jsonl", warn=lambda m: None) if record_kind(r) == kind]
 
 
 def adapter_tensors(folder: Path) -> dict:
@@ -240,7 +240,7 @@ def disk_full_trial(ws: Path) -> Trial:
         done = run_cli(["sft", "--config", "sft_full.json"], ws)
         lines = done.stderr.strip().splitlines()
         on_disk = complete_checkpoint_steps(mnt / "sft")
-        trial.killed_after_step, trial.resumed_from = len(step_records(mnt / "sft", "sft")), on_disk[-1] if on_disk else None
+        trial.killed_after_step, trial.resumed_from = len(step_records(mnt / "sft", "train")), on_disk[-1] if on_disk else None
         trial.how += f": exit {done.returncode}: {lines[-1] if lines else ''}"
         if done.returncode == 0:
             trial.problems.append("the run did not fill the disk")
@@ -269,7 +269,7 @@ def summarise(trials: list[Trial]) -> dict:
 
 
 def main() -> int:
-    from wordle_mlx.blas import reexec_for_linux_cpu
+    from wordle_mlx.runtime.blas import reexec_for_linux_cpu
     reexec_for_linux_cpu()
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=20, help="Kills per command (sft and train).")

@@ -1,7 +1,7 @@
 """Every stage of scripts/train_4b.sh on a full-size Gemma 3 4B checkpoint, and the planner against MLX's peak.
 
 The checkpoint is random (seeded) but has exactly the shapes, config and layout of
-`mlx-community/gemma-3-4b-it-bf16` and `-4bit` (`llm/model/mac_layouts.rehearsal_model`: text and vision towers,
+`mlx-community/gemma-3-4b-it-bf16` and `-4bit` (`tests/rehearsal/mac_layouts.rehearsal_model`: text and vision towers,
 two 5 GB shards and their index for bf16, mlx-lm's quantizer for 4-bit, Gemma 3's tokenizer files). It is
 built once in the user cache (about 11.6 GB for both) and never committed. For each variant the script runs
 the recipe's own configs from config/gemma3-4b/, changing only the model path, the output folders and the
@@ -35,9 +35,9 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 from wordle_mlx.llm.play.rollout import RolloutConfig  # noqa: E402
-from wordle_mlx.rehearsal import first_reply_a_word, recipe_config as recipe  # noqa: E402
+from tests.rehearsal.recipe import first_reply_a_word, recipe_config as recipe  # noqa: E402
 
 KINDS = {"bf16": "bfloat16", "4bit": "4bit"}
 # On this CPU (mlx[cpu]) a bf16 matmul runs at about 7 GFLOP/s and a 4-bit one at 0.35 with bf16 activations
@@ -236,8 +236,8 @@ def main() -> None:
     ap.add_argument("--steps-only", action="store_true", help="only plan, data and the SFT and GRPO steps")
     args = ap.parse_args()
 
-    from wordle_mlx.blas import describe_blas
-    from wordle_mlx.llm.model.mac_layouts import make_mac_layout, rehearsal_model
+    from wordle_mlx.runtime.blas import describe_blas
+    from tests.rehearsal.mac_layouts import make_mac_layout, rehearsal_model
 
     print(f"Gemma 3 4B at {'full' if args.size == '4b' else 'tiny'} size, random weights; {describe_blas()}")
     kernel_rates()

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def main() -> None:
@@ -35,6 +35,7 @@ def main() -> None:
     from wordle_mlx.llm.model import lora
     from wordle_mlx.llm.model.logits import set_grad_checkpoint
     from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.training.sft_data import read_sft_jsonl
     from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
     from wordle_mlx.stages import data
     from wordle_mlx.stages.sft import tokenize
@@ -54,7 +55,7 @@ def main() -> None:
     model, tokenizer = load_model(args.model)
     mx.random.seed(0)
     lora.apply_lora(model, -1, lora.lora_parameters(8, 20.0, 0.0, None))
-    seqs = tokenize(data.read_sft_jsonl(folder / "train.jsonl"), tokenizer, folder / "train.jsonl")
+    seqs = tokenize(read_sft_jsonl(folder / "train.jsonl"), tokenizer, folder / "train.jsonl")
     batches = [make_batch(seqs[i:i + args.batch_size], share_prefix=True)
                for i in range(0, args.batch_size * (args.steps + 1), args.batch_size)]
     grad = nn.value_and_grad(model, loss_sum)

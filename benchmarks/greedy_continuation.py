@@ -4,7 +4,7 @@ Each turn of a GRPO rollout samples G replies per board and also decodes the pol
 game goes on with (and which joins its group). Before, that was a second generation call, which prefilled
 every board's prompt again and decoded B greedy rows at a small batch size. Now
 (`rollout.sample_replies_and_greedy`) the greedy reply is one more row of the sampling batch: it shares
-its prompt's prefill with the G samples. This script runs `grpo_step.rollout` both ways, on the
+its prompt's prefill with the G samples. This script runs `rl.rollout` (llm/training/rl.py) both ways, on the
 same boards and seeds, alternated, and prints the median seconds, the prompt tokens prefilled and the
 ratio. The two-call path is the same code called through a backend that is not a `BatchedGenerator` (the
 path scripted backends take); it needs temperature 1, where the greedy reply's log-probs are the same either way.
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 class TwoCalls:
@@ -45,7 +45,7 @@ def main() -> None:
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm.play.generation import BatchedGenerator
-    from wordle_mlx.llm.training.grpo_step import Player, rollout
+    from wordle_mlx.llm.training.rl import Player, rollout
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import PromptConfig, choose_prompt
     from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig

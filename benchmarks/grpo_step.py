@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def main() -> None:
@@ -43,20 +43,20 @@ def main() -> None:
     import mlx.optimizers as optim
     from mlx.utils import tree_flatten, tree_unflatten
 
-    from wordle_mlx.blas import describe_blas
+    from wordle_mlx.runtime.blas import describe_blas
     from wordle_mlx.game.rewards import Rewards
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm.play.generation import BatchedGenerator
     from wordle_mlx.llm.play.prompts import PromptConfig, adapter_prompt
     from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
-    from wordle_mlx.llm.training import grpo_step
-    from wordle_mlx.llm.training.grpo_loss import LossSettings
-    from wordle_mlx.llm.training.policy import load_policy
+    from wordle_mlx.llm.training import rl as grpo
+    from wordle_mlx.llm.training.rl import LossSettings
+    from wordle_mlx.llm.training.policy import load_policy, start_adapter
     from wordle_mlx.stages.grpo import letter_choices
     from wordle_mlx.stages.grpo_config import ROLLOUT_BATCH, GRPOConfig
     from wordle_mlx.llm.model.logits import text_model
-    from wordle_mlx.llm.training.grpo_loss import shared_prompt_length
+    from wordle_mlx.llm.training.packing import shared_prompt_length
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from decode_roofline import linear_macs, matmul_gflops
@@ -66,7 +66,7 @@ def main() -> None:
                           lora={"train_layers": args.train_layers})
     prompt = adapter_prompt(adapter) or PromptConfig()          # the stage plays the start adapter's prompt
     # trainable LoRA from the adapter, as the stage loads it (the decoding only goes into the adapter config)
-    model, tokenizer, _, _ = load_policy(defaults, prompt, "grammar", False)
+    model, tokenizer, _, _ = load_policy(defaults.model, defaults.lora, defaults.run.seed, start_adapter(defaults), prompt, "grammar", False)
     start = [(k, mx.array(v)) for k, v in tree_flatten(model.trainable_parameters())]
     allowed = frozenset(guess_list())
     boards = [GameSpec(w) for w in split_words("train")[:args.boards]]
@@ -83,7 +83,7 @@ def main() -> None:
 
     def needed_flops(items, mode: str) -> float:
         """The update's needed FLOPs (see the module docstring)."""
-        seqs, _, _ = grpo_step.live_sequences(items)
+        seqs, _, _ = grpo.live_sequences(items)
         prompts, reply_tokens, scored = set(), 0, 0
         for q in seqs:
             k = shared_prompt_length(q) or q.mask.index(1)
@@ -101,15 +101,15 @@ def main() -> None:
         # as the stage's rollout config (stages/grpo.py), in this mode
         cfg = RolloutConfig(temperature=rl.temperature, max_tokens_per_turn=defaults.max_tokens, seed=0,
                             prompt=prompt, decode=mode, completion_batch_size=ROLLOUT_BATCH)
-        player = grpo_step.Player(model, tokenizer, BatchedGenerator(model, tokenizer, mode=mode, words=allowed))
+        player = grpo.Player(model, tokenizer, BatchedGenerator(model, tokenizer, mode=mode, words=allowed))
         mx.random.seed(0)
         t0 = time.perf_counter()
-        rollout = grpo_step.rollout(player, boards, cfg, allowed, rewards, args.generations)
+        rollout = grpo.rollout(player, boards, cfg, allowed, rewards, args.generations)
         t1 = time.perf_counter()
-        settings = grpo_step.UpdateSettings(
+        settings = grpo.UpdateSettings(
             LossSettings(beta=rl.beta, temperature=rl.temperature, letters=letter_choices(tokenizer, mode, allowed)),
             opt.max_grad_norm, rl.max_tokens_per_microbatch, rl.max_loss_tokens_per_microbatch)
-        result = grpo_step.policy_update(model, optim.SGD(learning_rate=opt.learning_rate), rollout.items, settings)
+        result = grpo.policy_update(model, optim.SGD(learning_rate=opt.learning_rate), rollout.items, settings)
         t2 = time.perf_counter()
         seconds[mode] = t2 - t0
         roof = needed_flops(rollout.items, mode) / (gflops * 1e9)

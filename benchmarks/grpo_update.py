@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def main() -> None:
@@ -33,8 +33,9 @@ def main() -> None:
     from wordle_mlx.game.feedback import feedback
     from wordle_mlx.llm.model import lora
     from wordle_mlx.llm.play.episode import TokenSequence
-    from wordle_mlx.llm.training.grpo_loss import LossSettings, shared_prompt_groups, split_batch
-    from wordle_mlx.llm.training.grpo_step import ScoredItem, UpdateSettings, policy_update
+    from wordle_mlx.llm.training.rl import LossSettings
+    from wordle_mlx.llm.training.packing import shared_prompt_groups, split_batch
+    from wordle_mlx.llm.training.rl import ScoredItem, UpdateSettings, policy_update
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import PromptConfig, build_messages, format_reply
 

@@ -1,4 +1,4 @@
-"""A real SFT pass with glibc's default malloc against the malloc tunables the CLI sets on Linux (`blas.py`).
+"""A real SFT pass with glibc's default malloc against the malloc tunables the CLI sets on Linux (`runtime/blas.py`).
 
 MLX's CPU allocator is plain malloc. glibc serves each block over 32 MB with a fresh mmap and unmaps it on free,
 so every step the kernel zeroes new pages for the step's logits, activations and gradients. The CLI re-executes
@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import MALLOC_TUNABLES  # noqa: E402
+from wordle_mlx.runtime.blas import MALLOC_TUNABLES  # noqa: E402
+from wordle_mlx.storage.metrics import record_kind  # noqa: E402
 
 CLI = [sys.executable, "-m", "wordle_mlx"]
 
@@ -56,7 +57,7 @@ def run_pass(config: Path, tunables: str, workdir: Path) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"error: wordle-mlx sft failed with GLIBC_TUNABLES={tunables!r}:\n{stderr[-2000:]}")
     records = [json.loads(line) for line in (workdir / "logs/malloc-bench/metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r.get("kind") == "sft"]
+    steps = [r for r in records if record_kind(r) == "train"]
     gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:])]
     return {"wall": wall, "step": statistics.median(gaps), "rss_gb": usage.ru_maxrss / 1e6,
             "faults": usage.ru_minflt, "losses": [r["loss"] for r in steps]}

@@ -53,7 +53,7 @@ def grpo_config(root: Path, boards: int) -> dict:
                     "progress": False},
             "optimizer": {"learning_rate": 1e-5},
             "rl": {"batch_prompts": boards, "num_generations": 4, "max_tokens_per_microbatch": 2048,
-                   "max_loss_tokens_per_microbatch": 256, "k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]},
+                   "k_weights": [0.0, 0.0, 0.0, 0.0, 1.0]},
             "decode": "free", "max_tokens": 16, "validation": {"every": 0}}
 
 
@@ -77,8 +77,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from wordle_mlx.config import load_config
-    from wordle_mlx.memory_plan import GB
-    from wordle_mlx.stages import data, grpo, plan, sft
+    from wordle_mlx.planning.memory import GB
+    from wordle_mlx.planning import stage_plan
+    from wordle_mlx.stages import data, grpo, sft
     from wordle_mlx.stages.grpo_config import GRPOConfig
 
     rows = []
@@ -101,8 +102,8 @@ def main() -> None:
                                        .splitlines()) if r.get("kind") == "train"][-1]
                 if not step["trained_tokens"]:         # a skipped update would leave the update phase unmeasured
                     raise SystemExit(f"{cfg.run.name}: every group had equal rewards, the update did not run")
-            dims, numbers, _, _ = plan.build_plan(kind, cfg)
-            estimate = plan.plan_for(kind, dims, numbers).peak
+            dims, numbers, _, _ = stage_plan.build_plan(kind, cfg)
+            estimate = stage_plan.plan_for(kind, dims, numbers).peak
             rows.append((kind, f"{field} {batch}", estimate, peak))
     print(f"{'stage':<6} {'batch':<16} {'estimate GB':>12} {'measured GB':>12} {'error':>8}")
     errors = []
@@ -113,7 +114,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from wordle_mlx.blas import reexec_for_linux_cpu
+    from wordle_mlx.runtime.blas import reexec_for_linux_cpu
 
     reexec_for_linux_cpu()           # as the CLI does: MLX's bundled reference BLAS is ~30x slower on Linux
     main()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -64,13 +64,13 @@ def main() -> int:
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import answers, guess_list
     from wordle_mlx.llm.play.generation import BatchedGenerator
-    from wordle_mlx.llm.training.grpo_loss import LossSettings
-    from wordle_mlx.llm.training.grpo_step import Player, UpdateSettings, policy_update, rollout
+    from wordle_mlx.llm.training.rl import LossSettings
+    from wordle_mlx.llm.training.rl import Player, UpdateSettings, policy_update, rollout
     from wordle_mlx.llm.model.lora import apply_lora, lora_parameters
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import PromptConfig
     from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig
-    from wordle_mlx.stages.entropy import load_table
+    from wordle_mlx.stages.pattern_table import load_table
 
     mx.random.seed(0)
     model, tok = load_model("builtin:tiny-random")

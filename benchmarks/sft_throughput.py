@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 def make_small_data(folder: str, examples: int) -> str:
@@ -52,7 +52,7 @@ def main() -> None:
     from wordle_mlx.llm.model import lora
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.training.sft_loss import letter_loss, loss_sum, make_batch
-    from wordle_mlx.stages.data import read_sft_jsonl
+    from wordle_mlx.llm.training.sft_data import read_sft_jsonl
     from wordle_mlx.llm.play.prompts import PromptConfig
     from wordle_mlx.stages.sft import tokenize, with_boards
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Debian's pthread OpenBLAS so MLX on Linux CPU can use it (wordle_mlx/blas.py preloads it).
+# Install Debian's pthread OpenBLAS so MLX on Linux CPU can use it (wordle_mlx/runtime/blas.py preloads it).
 # Does nothing on macOS (MLX uses Accelerate/Metal there). Never fails the build: it says what it could not do.
 set -u
 [ "$(uname -s)" = "Linux" ] || exit 0

@@ -134,7 +134,7 @@ def test_boards(count: int) -> list[tuple[str, list[tuple[str, str]]]]:
     from wordle_mlx.game.feedback import feedback
     from wordle_mlx.game.solver import Solver
     from wordle_mlx.game.splits import split_words
-    from wordle_mlx.stages.entropy import load_table
+    from wordle_mlx.stages.pattern_table import load_table
 
     solver = Solver(load_table(show_progress=False))
     boards = []
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(*args.worker)
         return 0
     sys.path.insert(0, str(ROOT))
-    from wordle_mlx.blas import reexec_for_linux_cpu
+    from wordle_mlx.runtime.blas import reexec_for_linux_cpu
     reexec_for_linux_cpu()     # MLX's bundled reference BLAS is ~30x slower on Linux
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import parse_reply

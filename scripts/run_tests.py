@@ -1,7 +1,7 @@
 """Run the unittest suite and end with one line: `N passed, N failed, N skipped`.
 
 unittest prints no such line by itself, and CI reads it. Errors count as failures. On Linux the
-process first re-executes itself with OpenBLAS preloaded (see wordle_mlx/blas.py), as the CLI does.
+process first re-executes itself with OpenBLAS preloaded (see wordle_mlx/runtime/blas.py), as the CLI does.
 Usage: python scripts/run_tests.py [-k PATTERN] [test modules or dotted names ...]
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from wordle_mlx.blas import reexec_for_linux_cpu  # noqa: E402
+from wordle_mlx.runtime.blas import reexec_for_linux_cpu  # noqa: E402
 
 
 class CountingResult(unittest.TextTestResult):

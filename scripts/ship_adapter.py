@@ -67,7 +67,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # `wordle-mlx sft` flag -> (the config field it sets, dotted; its type)
 SFT_FLAGS = {"--seed": ("run.seed", int), "--run-name": ("run.name", str), "--adapter": ("model.adapter", Path),
              "--steps": ("run.steps", int), "--save-every": ("run.save_every", int)}
-RENAMED_FLAGS = {"--start-adapter": "--adapter"}
 
 
 def sft_config_with_flags(spec: str) -> tuple[Path, dict]:
@@ -80,8 +79,6 @@ def sft_config_with_flags(spec: str) -> tuple[Path, dict]:
     if len(flags) % 2:
         sys.exit(f"error: --sft-config {spec!r}: expected FILE followed by flag/value pairs")
     for flag, value in zip(flags[::2], flags[1::2]):
-        if flag in RENAMED_FLAGS:
-            sys.exit(f"error: --sft-config {spec!r}: {flag} is now {RENAMED_FLAGS[flag]}")
         if flag not in SFT_FLAGS:
             sys.exit(f"error: --sft-config {spec!r}: unknown flag {flag} (known: {', '.join(SFT_FLAGS)})")
         dotted, kind = SFT_FLAGS[flag]
@@ -89,7 +86,7 @@ def sft_config_with_flags(spec: str) -> tuple[Path, dict]:
         node = cfg.setdefault(section, {})
         if not isinstance(node, dict):
             sys.exit(f"error: --sft-config {spec!r}: {path}: {section} is {node!r}, not a section; {flag} sets "
-                     f"{dotted} (configs in the old shape: see wordle_mlx/stages/sft_config.py)")
+                     f"{dotted} (a config of an older shape: the README lists the renamed fields)")
         node[key] = os.path.relpath(Path(value).resolve(), path.parent.resolve()) if kind is Path else kind(value)
     return path, cfg
 

@@ -5,8 +5,8 @@ weights and the same fixed data, then computes (a) the single-process result on 
 (`World()`, no collectives) and (b) the data-parallel result on its own share with the real group, and
 writes `OUT_DIR/<mode>-rank<r>.json` with both gradients' maximum difference. grpo: `policy_update` with
 SGD(lr=1) and no clipping, so weights_before - weights_after is the gradient; items are split by group,
-as the trainer splits prompts. sft: `stages.sft.mean_gradient` on the global batches vs this rank's
-slices of them (the last batch is short, so one rank gets nothing in it). die: rank 1 exits with code 7
+as the trainer splits prompts. sft: the trainer's `accumulate_gradients` (all the batches as micro-batches of one
+step, divided by every rank's target tokens) on the global batches vs this rank's slices of them (the last batch is short, so one rank gets nothing in it). die: rank 1 exits with code 7
 before the first collective; rank 0 must not finish.
 """
 
@@ -51,7 +51,7 @@ def max_diff(a: dict, b: dict) -> tuple[float, float]:
 
 def grpo_items():
     from wordle_mlx.llm.play.episode import TokenSequence
-    from wordle_mlx.llm.training.grpo_step import ScoredItem
+    from wordle_mlx.llm.training.rl import ScoredItem
 
     rng = np.random.default_rng(1)
     items = []
@@ -66,12 +66,12 @@ def grpo_items():
 
 
 def grpo_gradient(items, world) -> tuple[dict, dict]:
-    from wordle_mlx.llm.training.grpo_loss import LossSettings
-    from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
+    from wordle_mlx.llm.training.rl import LossSettings
+    from wordle_mlx.llm.training.rl import UpdateSettings, policy_update
 
     model = tiny_policy()
     before = flat(model)
-    settings = UpdateSettings(LossSettings(beta=0.0, temperature=1.0), max_grad_norm=0.0, max_tokens=48,
+    settings = UpdateSettings(LossSettings(beta=0.0, temperature=1.0), max_grad_norm=0.0, max_tokens_per_microbatch=48,
                               max_loss_tokens=12)
     upd = policy_update(model, optim.SGD(learning_rate=1.0), items, settings, world)
     after = flat(model)
@@ -90,25 +90,27 @@ def check_grpo(world) -> dict:
 
 
 def check_sft(world) -> dict:
-    from wordle_mlx.llm.training.sft_loss import loss_sum
-    from wordle_mlx.stages.sft import SFTConfig, make_batches, mean_gradient
+    from wordle_mlx.llm.training.trainer import Batch, accumulate_gradients
+    from wordle_mlx.stages.sft import make_batches, sft_loss
 
     rng = np.random.default_rng(2)
     seqs = []
     for _ in range(9):                     # batches of 4, 4 and 1 examples
         n_prompt, n_answer = int(rng.integers(4, 10)), int(rng.integers(3, 12))
         seqs.append((rng.integers(3, VOCAB, n_prompt + n_answer).tolist(), n_prompt))
-    cfg = SFTConfig(data={"batch_size": 4, "pad_to": 8})
+    shape = (4, 8, None)                    # batch size, pad_to, max_seq_length
     out = {}
     for name, w in (("single", World()), ("distributed", world)):
         model = tiny_policy()
-        loss_and_grad = nn.value_and_grad(model, loss_sum)
-        grads, total, count, length = mean_gradient(model, loss_and_grad, make_batches(seqs, cfg, w), w)
-        out[name] = ({k: np.array(v) for k, v in tree_flatten(grads)}, {"loss_sum": total, "count": count,
+        mine = [b for b in make_batches(seqs, *shape, w) if b is not None]
+        count, length = w.sum_floats([sum(b.tokens for b in mine), sum(b.length for b in mine)])
+        grads, total, _ = accumulate_gradients(model, nn.value_and_grad(model, sft_loss),
+                                               Batch([b.loss_args() for b in mine], count), w)
+        out[name] = ({k: np.array(v) for k, v in tree_flatten(grads)}, {"loss": total, "count": count,
                                                                          "tokens": length})
     diff, scale = max_diff(out["single"][0], out["distributed"][0])
     return {"max_diff": diff, "max_grad": scale, "single": out["single"][1], "distributed": out["distributed"][1],
-            "local_batches": sum(b is not None for b in make_batches(seqs, cfg, world))}
+            "local_batches": sum(b is not None for b in make_batches(seqs, *shape, world))}
 
 
 def main() -> None:

@@ -68,7 +68,7 @@ def sampled_items(model, tokenizer, groups: int = 2, g: int = 4) -> list:
     the sampler's log-probs; rewards 0, 1, ..., G - 1 within a group, so every group trains."""
     from wordle_mlx.llm.play.episode import TokenSequence
     from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
-    from wordle_mlx.llm.training.grpo_step import ScoredItem
+    from wordle_mlx.llm.training.rl import ScoredItem
 
     items = []
     generate = BatchedGenerator(model, tokenizer)

@@ -21,9 +21,9 @@ from mlx.utils import tree_flatten
 
 from wordle_mlx.config import validate_config
 from wordle_mlx.llm.model import lora
-from wordle_mlx.llm.training.grpo_loss import LossSettings
-from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
-from wordle_mlx.llm.training.policy import load_policy
+from wordle_mlx.llm.training.rl import LossSettings
+from wordle_mlx.llm.training.rl import UpdateSettings, policy_update
+from wordle_mlx.llm.training.policy import load_policy, start_adapter
 from wordle_mlx.llm.training.trainer import make_optimizer
 from wordle_mlx.llm.play.prompts import PromptConfig
 from wordle_mlx.stages import data, grpo, sft
@@ -57,7 +57,7 @@ class StartAdapterBitExactTest(unittest.TestCase):
                     self.assertEqual(non_float32(saved), [])
                     cfg = validate_config({"model": {"name": tiny_model_in(kind), "dtype": "bfloat16",
                                                      "adapter": str(folder)}}, grpo.GRPOConfig, "test")
-                    model = load_policy(cfg, PromptConfig(), "grammar", False)[0]
+                    model = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), PromptConfig(), "grammar", False)[0]
                     loaded = lora.adapter_weights(model)
                     self.assertEqual(sorted(loaded), sorted(saved))
                     different = [k for k in saved if not np.array_equal(np.array(loaded[k]), np.array(saved[k]))]
@@ -74,7 +74,7 @@ class GRPOLoraDtypeTest(unittest.TestCase):
                                                      "dtype": "bfloat16"},
                                            "optimizer": {"learning_rate": LEARNING_RATE}, "run": {"steps": 3}},
                                           grpo.GRPOConfig, "test")
-                    model, tokenizer, _, _ = load_policy(cfg, PromptConfig(), "grammar", False)
+                    model, tokenizer, _, _ = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), PromptConfig(), "grammar", False)
                     self.assertEqual(model.model.norm.weight.dtype, mx.bfloat16)        # the base stays bfloat16
                     self.assertEqual(non_float32(lora.adapter_weights(model)), [])
                     optimizer, _ = make_optimizer(cfg.optimizer, cfg.run.steps)

@@ -24,8 +24,9 @@ from wordle_mlx.llm.play.candidate_scores import letter_logprobs, reply_logprobs
 from wordle_mlx.llm.play.prompts import PromptConfig
 from wordle_mlx.game.words import guess_list
 from wordle_mlx.llm.play.reply_grammar import LETTERS, LetterGrammar, WordTrie
-from wordle_mlx.stages import choice, data
-from wordle_mlx.stages.entropy import load_table
+from wordle_mlx.llm.training.sft_data import replay_problem
+from wordle_mlx.stages import choice
+from wordle_mlx.stages.pattern_table import load_table
 
 PROMPT = PromptConfig(require_think=False, context="summary", style="compact", guess_format="letters")
 
@@ -227,7 +228,6 @@ class ChoiceRunTest(unittest.TestCase):
                                         "progress": False}))
             result = choice.run(load_config(path, choice.ChoiceConfig))
             splits = split_answers()
-            check = data.DataConfig(think_style="none", prompt=PROMPT, progress=False)
             split_sets = {k: set(v) for k, v in splits.items()}
             allowed = set(Solver(load_table(show_progress=False)).table.guesses)
             for split in ("train", "valid"):
@@ -235,7 +235,7 @@ class ChoiceRunTest(unittest.TestCase):
                 self.assertEqual(len(records), result[split]["records"])
                 self.assertTrue({r["meta"]["secret"] for r in records} <= set(splits[split]))
                 for r in records:
-                    self.assertIsNone(data.replay_problem(r, check, allowed, split, split_sets))
+                    self.assertIsNone(replay_problem(r, PROMPT, allowed, split, split_sets))
             self.assertEqual(result["valid"]["games"], 2)
             self.assertEqual(result["decode"], "grammar")     # the default for a letters prompt
 

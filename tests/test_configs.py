@@ -1,7 +1,9 @@
-"""Every shipped config in config/ validates against its stage's model, and its paths resolve sensibly."""
+"""Every shipped config in config/ validates against its stage's model, and its paths resolve sensibly; an old or
+misspelt field is a one-line error; `train --print-config` stays within 40 settings."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -9,6 +11,9 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from wordle_mlx.cli import app
 from wordle_mlx.config import load_config, resolve_path
 from wordle_mlx.errors import UserError
 from wordle_mlx.stages.choice import ChoiceConfig
@@ -16,6 +21,7 @@ from wordle_mlx.stages.data import DataConfig
 from wordle_mlx.stages.evaluate import EvalConfig
 from wordle_mlx.stages.grpo import GRPOConfig
 from wordle_mlx.stages.sft import SFTConfig
+from wordle_mlx.stages.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
@@ -54,6 +60,14 @@ def check_stage_chain(case: unittest.TestCase, stages: list[tuple[str, str]]) ->
         trained.update(re.findall(r"^train_or_resume logs/([\w-]+) ", command))
 
 
+def leaf_paths(data: dict, prefix: str = "") -> set[str]:
+    """The dotted paths of a config dump's settings (a list, such as rl.k_weights, is one setting)."""
+    paths: set[str] = set()
+    for key, value in data.items():
+        paths |= leaf_paths(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+    return paths
+
+
 def adapters_of(cfg) -> Path:
     """The adapter folder a SFT or GRPO config's run writes."""
     return resolve_path(cfg, cfg.run.logs_dir).resolve() / cfg.run.name / "adapters"
@@ -78,9 +92,10 @@ class ShippedConfigTest(unittest.TestCase):
 
     def test_the_shipped_adapters_recorded_recipe_is_read_or_refused_in_one_line(self):
         """adapters/gemma-3-270m-wordle/recipe/ records the configs that trained it, in the config shape of the
-        version that trained each: its data and self-play configs load with today's strict loader; the earlier
-        chain's SFT and GRPO configs (sft_1-9, grpo_1-3: the shape before one trainer) are refused with a one-line
-        error that names the new place of their first old field, and the later rounds' (sft_10-12, grpo_4) load."""
+        version that trained each: its data and self-play configs and the later SFT rounds' (sft_10-12) load with
+        today's strict loader; the earlier chain's SFT and GRPO configs (sft_1-9, grpo_1-3: the shape before one
+        trainer) and grpo_4 (rl.max_loss_tokens_per_microbatch, now an eighth of rl.max_tokens_per_microbatch) are
+        refused with the one-line error of an unknown field, naming the file, the field and its value."""
         recipe = ROOT / "adapters" / "gemma-3-270m-wordle" / "recipe"
         kinds = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "choice": ChoiceConfig}
         files = sorted(recipe.glob("*.json"))
@@ -88,11 +103,47 @@ class ShippedConfigTest(unittest.TestCase):
         for path in files:
             with self.subTest(config=path.name):
                 kind, number = path.stem.split("_")
-                if int(number) <= {"sft": 9, "grpo": 3}.get(kind, 0):        # the earlier chain's shape
-                    with self.assertRaisesRegex(UserError, rf"^{re.escape(str(path))}: \S+ (is now|was removed)"):
+                if int(number) <= {"sft": 9, "grpo": 4}.get(kind, 0):        # an older shape
+                    with self.assertRaises(UserError) as ctx:
                         load_config(path, kinds[kind])
+                    self.assertRegex(str(ctx.exception), rf"^{re.escape(str(path))}: [\w.]+: (unknown field|Input "
+                                     r"should be a valid dictionary)[^\n]* \(got .+\)( \[and \d+ more error\(s\)\])?$")
                 else:
                     load_config(path, kinds[kind])
+        with self.assertRaisesRegex(UserError, rf"^{re.escape(str(recipe / 'grpo_4.json'))}: "
+                                    r"rl\.max_loss_tokens_per_microbatch: unknown field \(got 256\)$"):
+            load_config(recipe / "grpo_4.json", GRPOConfig)
+
+    def test_an_unknown_field_is_one_line_naming_file_field_and_value(self):
+        """Fields of older shapes get no special message: an unknown field is `file: field.path: unknown field (got
+        value)`, counting any further errors, whichever section it is in."""
+        with tempfile.TemporaryDirectory() as tmp:
+            cases = [(GRPOConfig, {"rl": {"max_loss_tokens_per_microbatch": 128}},
+                      "rl.max_loss_tokens_per_microbatch: unknown field (got 128)"),
+                     (GRPOConfig, {"training": {"steps": 3}}, 'training: unknown field (got {"steps": 3})'),
+                     (SFTConfig, {"learning_rate": 1e-4, "steps": 3},
+                      "learning_rate: unknown field (got 0.0001) [and 1 more error(s)]"),
+                     (SFTConfig, {"model": {"start_adapter": "a"}}, "model.start_adapter: unknown field (got 'a')"),
+                     (DataConfig, {"history": {"solver": 0.4}}, "history.solver: unknown field (got 0.4)")]
+            for model, data, message in cases:
+                with self.subTest(data=data):
+                    path = Path(tmp) / "x.json"
+                    path.write_text(json.dumps(data))
+                    with self.assertRaises(UserError) as ctx:
+                        load_config(path, model)
+                    self.assertEqual(str(ctx.exception), f"{path}: {message}")
+
+    def test_print_config_leaf_settings(self):
+        """`train --print-config` prints at most 40 leaf settings, and every setting of the shared training shape
+        (`TrainConfig`) has the same key path in `sft --print-config`."""
+        printed = {}
+        for command in ("train", "sft"):
+            result = CliRunner().invoke(app, [command, "--print-config"])
+            self.assertEqual(result.exit_code, 0, result.output)
+            printed[command] = leaf_paths(json.loads(result.stdout))
+        self.assertLessEqual(len(printed["train"]), 40, sorted(printed["train"]))
+        shared = leaf_paths(TrainConfig().model_dump(mode="json"))
+        self.assertLessEqual(shared, printed["train"] & printed["sft"])
 
     def test_pipeline_paths_chain(self):
         """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""

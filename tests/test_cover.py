@@ -19,8 +19,9 @@ from wordle_mlx.game.solver import Solver
 from wordle_mlx.game.splits import split_answers
 from wordle_mlx.game.state import MAX_GUESSES
 from wordle_mlx.llm.play.prompts import PromptConfig, build_messages, format_reply
-from wordle_mlx.stages import cover, data
-from wordle_mlx.stages.entropy import load_table
+from wordle_mlx.llm.training.sft_data import replay_problem
+from wordle_mlx.stages import cover
+from wordle_mlx.stages.pattern_table import load_table
 
 
 
@@ -133,12 +134,11 @@ class CoverRunTest(unittest.TestCase):
             self.assertEqual(set(labels) | set(result["uncovered_words"]), set(self.solver.table.answers))
             self.assertEqual(result["test_words_as_labels"], len(set(labels) & set(self.splits["test"])))
             self.assertEqual((out / "valid.jsonl").read_text(), (src / "valid.jsonl").read_text())
-            check = data.DataConfig(think_style="none", prompt=PROMPT, progress=False)
             split_sets = {k: set(v) for k, v in self.splits.items()}
             allowed = set(self.solver.table.guesses)
             for r in added:
                 self.assertIn(r["meta"]["secret"], split_sets["train"])     # never a test secret
-                self.assertIsNone(data.replay_problem(r, check, allowed, "train", split_sets))
+                self.assertIsNone(replay_problem(r, PROMPT, allowed, "train", split_sets))
             stats = json.loads((out / "stats.json").read_text())
             self.assertEqual(stats["coverage"]["examples"], len(added))
             self.assertEqual(stats["prompt"], PROMPT.model_dump())
@@ -199,7 +199,7 @@ class CoverRunTest(unittest.TestCase):
             with self.assertRaises(UserError):
                 load_config(path, cover.CoverConfig)
             path.write_text(json.dumps({"data": "in", "out": "out", "per_word": 2}))
-            with self.assertRaisesRegex(UserError, "per_word was removed: one board per answer word"):
+            with self.assertRaisesRegex(UserError, "per_word: unknown field \\(got 2\\)$"):
                 load_config(path, cover.CoverConfig)
 
     def test_data_options_before_a_subcommand_are_refused(self):

@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text
 
-from wordle_mlx.blas import MALLOC_TUNABLES, linux_cpu_env, openblas_coretype
+from wordle_mlx.runtime.blas import MALLOC_TUNABLES, linux_cpu_env, openblas_coretype
 from wordle_mlx.llm.model import cpu_kernels, lora, models
 from wordle_mlx.llm.training.sft_loss import loss_sum
 from . import assert_f32_close
@@ -182,7 +182,7 @@ class LinuxCpuEnvTest(unittest.TestCase):
     def test_a_real_process_reexecutes_with_the_tunables(self):
         env = {k: v for k, v in os.environ.items()
                if k not in ("GLIBC_TUNABLES", "WORDLE_MLX_BLAS_REEXECED", "WORDLE_MLX_NO_REEXEC")}
-        code = ("from wordle_mlx.blas import reexec_for_linux_cpu\nreexec_for_linux_cpu()\n"
+        code = ("from wordle_mlx.runtime.blas import reexec_for_linux_cpu\nreexec_for_linux_cpu()\n"
                 "import os\nprint(os.environ['GLIBC_TUNABLES'])")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

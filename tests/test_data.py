@@ -18,8 +18,9 @@ from wordle_mlx.game.solver import Solver
 from wordle_mlx.game.splits import split_answers
 from wordle_mlx.game.thinking import check_candidates, split_groups, think_text
 from wordle_mlx.game.words import answers
+from wordle_mlx.llm.training.sft_data import read_sft_jsonl, replay_problem
 from wordle_mlx.stages import data
-from wordle_mlx.stages.entropy import load_table
+from wordle_mlx.stages.pattern_table import load_table
 
 MARK = {"green": "G", "yellow": "Y", "grey": "X"}
 LINE_RE = re.compile(r"^\d+\. ([A-Z]{5}): (.*)$")
@@ -461,7 +462,7 @@ class EmptyBoardCopiesTest(unittest.TestCase):
         splits = {k: set(v) for k, v in split_answers(answers()).items()}
         allowed = set(table.guesses)
         for r in records:
-            self.assertIsNone(data.replay_problem(r, cfg, allowed, "train", splits))
+            self.assertIsNone(replay_problem(r, cfg.prompt, allowed, "train", splits))
 
     def test_traffic_cap_weights_boards_by_games_through_them(self):
         solver = Solver(load_table(show_progress=False))
@@ -494,11 +495,11 @@ class BadInputTest(unittest.TestCase):
         with self.assertRaisesRegex(UserError, "k_weights"):
             validate_config({"history": {"k_weights": [-1, 1]}}, data.DataConfig, "x.json")
 
-    def test_removed_fields_name_the_reason(self):
-        for fields, fragment in (({"turns_per_game": 2}, "turns_per_game was removed: the teacher plays every"),
-                                 ({"candidate_threshold": 3}, "candidate_threshold was removed"),
-                                 ({"max_named": 3}, "max_named was removed"),
-                                 ({"history": {"solver": 0.4}}, "history: solver was removed: the mix")):
+    def test_removed_fields_are_unknown_fields(self):
+        for fields, fragment in (({"turns_per_game": 2}, "x.json: turns_per_game: unknown field (got 2)"),
+                                 ({"candidate_threshold": 3}, "x.json: candidate_threshold: unknown field (got 3)"),
+                                 ({"max_named": 3}, "x.json: max_named: unknown field (got 3)"),
+                                 ({"history": {"solver": 0.4}}, "x.json: history.solver: unknown field (got 0.4)")):
             with self.subTest(fields=fields), self.assertRaises(UserError) as ctx:
                 validate_config(fields, data.DataConfig, "x.json")
             self.assertIn(fragment, str(ctx.exception))
@@ -510,12 +511,12 @@ class BadInputTest(unittest.TestCase):
             good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
             path.write_text(json.dumps(good) + "\n" + json.dumps({"messages": [{"role": "robot", "content": 1}]}) + "\n")
             with self.assertRaisesRegex(UserError, r"train\.jsonl:2: messages\[0\]"):
-                data.read_sft_jsonl(path)
+                read_sft_jsonl(path)
             path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
             with self.assertRaisesRegex(UserError, r":1: the last message must be the assistant"):
-                data.read_sft_jsonl(path)
+                read_sft_jsonl(path)
             with self.assertRaisesRegex(UserError, "file not found"):
-                data.read_sft_jsonl(Path(tmp) / "missing.jsonl")
+                read_sft_jsonl(Path(tmp) / "missing.jsonl")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import mlx.core as mx
 from wordle_mlx.config import validate_config
 from wordle_mlx.game.splits import split_words
 from wordle_mlx.llm.training.distributed import HASH_DIR_ENV, TIMEOUT_ENV, arrays_hash
-from wordle_mlx.metrics import read_jsonl
+from wordle_mlx.storage.metrics import read_jsonl, record_kind
 from wordle_mlx.stages import data
 
 BIN = Path(sys.executable).parent
@@ -61,7 +61,8 @@ def launch(command: list[str], env: dict | None = None, ranks: int = 2) -> subpr
 
 
 def records(run_dir: Path, kind: str) -> list[dict]:
-    return [r for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == kind]
+    """The run's records of `kind` (SFT's old kinds read as today's: `record_kind`)."""
+    return [r for _, r in read_jsonl(run_dir / "metrics.jsonl") if record_kind(r) == kind]
 
 
 class DistributedTest(unittest.TestCase):
@@ -161,9 +162,9 @@ class DistributedTest(unittest.TestCase):
         run_dir = self.root / "logs" / "sft2"
         self.assertTrue((run_dir / "adapters" / "adapters.safetensors").is_file(), out.stdout + out.stderr)
         self.assert_same_weights("sft", hashes, run_dir / "adapters", out)
-        steps = records(run_dir, "sft")
+        steps = records(run_dir, "train")
         self.assertEqual([r["step"] for r in steps], [1, 2, 3])
-        valid, = records(run_dir, "sft_valid")
+        valid, = records(run_dir, "valid")
         self.assertEqual([g["secret"] for g in valid["games"]], split_words("valid")[:3])
         self.assertGreater(valid["val_loss"], 0)
         # batch size 3 cannot be split over 2 ranks

@@ -30,7 +30,7 @@ from wordle_mlx.errors import UserError
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.model.gguf_import import import_gguf, mlx_tensor_name
 from wordle_mlx.llm.model.models import load_model, resolve_model
-from wordle_mlx.llm.play.prompts import PromptConfig, system_prompt
+from wordle_mlx.llm.play.prompts import ADAPTER_PROMPT_KEY, PromptConfig, system_prompt
 from wordle_mlx.llm.model.tiny_model import TINY_CONFIG, tiny_vocab
 from wordle_mlx.stages import export
 from wordle_mlx.stages.fuse import check_batch, fuse_lora_layers
@@ -54,7 +54,8 @@ def make_adapter(model_spec: str, folder: Path, seed: int = 3) -> None:
         key, sub = mx.random.split(key)
         updates.append((name, 0.05 * mx.random.normal(value.shape, key=sub)))
     model.load_weights(updates, strict=False)
-    lora.save_adapters(folder, model, lora.adapter_config(-1, params, model_spec, PROMPT.model_dump()))
+    config = {**lora.adapter_config(-1, params, model_spec), ADAPTER_PROMPT_KEY: PROMPT.model_dump()}
+    lora.save_adapters(folder, model, config)
 
 
 def logits_of(model, tokenizer) -> mx.array:
@@ -315,7 +316,7 @@ class ExportErrorsTest(TinyAdapterCase):
         self.assertEqual(self.cli_fails("--adapter", str(self.adapter), "--dtype", "bfloat16"),
                          "error: command line: dtype: export --dtype 'bfloat16': export writes float32, float16, q8 "
                          "(got 'bfloat16')")
-        with self.assertRaisesRegex(UserError, "gguf_type is now dtype"):
+        with self.assertRaisesRegex(UserError, "^x.json: gguf_type: unknown field"):
             validate_config({"adapter": "a", "out": "x.gguf", "gguf_type": "f16"}, export.ExportConfig, "x.json")
 
     def test_out_must_be_gguf_and_is_not_overwritten(self):

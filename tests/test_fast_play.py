@@ -19,8 +19,8 @@ from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
 from wordle_mlx.llm.play.letter_decoder import GROUP_SPREAD, _prefill_groups
 from wordle_mlx.llm.play.reply_grammar import LetterChoices, LetterGrammar
 from wordle_mlx.llm.play.rollout import RolloutConfig, prompt_token_ids
-from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss,
-                                               merge_prompt_groups, pack_shared_batch, shared_prompt_groups)
+from wordle_mlx.llm.training.rl import LossSettings, grpo_loss
+from wordle_mlx.llm.training.packing import averaging_weights, batch_arrays, merge_prompt_groups, pack_shared_batch, shared_prompt_groups
 
 from tests import F32_RTOL
 from tests.test_grammar import WORDS, lora_policy, rounding_tolerance

@@ -28,13 +28,13 @@ import numpy as np
 from typer.testing import CliRunner
 
 from benchmarks import fault_injection as fi
-from wordle_mlx import metrics
+from wordle_mlx.storage import metrics
 from wordle_mlx.cli import app
 from wordle_mlx.errors import UserError
 from wordle_mlx.game.entropy import PatternTable
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.model.models import load_model
-from wordle_mlx.metrics import read_jsonl
+from wordle_mlx.storage.metrics import read_jsonl
 
 KILLS_PER_COMMAND = 3
 
@@ -155,12 +155,12 @@ class StopSignalThenResume(Workspace):
         self.assertEqual(trial.problems, [])
 
     def test_sft_sigterm_then_resume_equals_uninterrupted(self):
-        from wordle_mlx.stages import sft
-        self.check("sft", sft, "mean_gradient", "sigterm-sft", "sft.json")
+        from wordle_mlx.llm.training import trainer
+        self.check("sft", trainer, "accumulate_gradients", "sigterm-sft", "sft.json")
 
     def test_train_sigterm_then_resume_equals_uninterrupted(self):
-        from wordle_mlx.llm.training import grpo_step
-        self.check("train", grpo_step, "policy_update", "sigterm-grpo", "grpo.json")
+        from wordle_mlx.llm.training import rl
+        self.check("train", rl, "policy_batch", "sigterm-grpo", "grpo.json")
 
 
 class DiskFull(Workspace):
@@ -196,7 +196,7 @@ class DiskFull(Workspace):
         self.check_previous_checkpoint(run_dir, 2)
         done = invoke(["sft", "--resume", str(run_dir), "--no-progress"])      # space is back: resume finishes
         self.assertEqual(done.exit_code, 0, done.stderr)
-        steps = [r["step"] for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "sft"]
+        steps = [r["step"] for _, r in read_jsonl(run_dir / "metrics.jsonl") if metrics.record_kind(r) == "train"]
         self.assertEqual(steps, list(range(1, fi.SFT_STEPS + 1)))
 
     def test_train_mlx_write_error_in_second_checkpoint(self):
@@ -294,7 +294,7 @@ class CorruptFiles(Workspace):
 class OverwriteIsAllOrNothing(unittest.TestCase):
     def test_crash_while_deleting_an_old_run_leaves_no_half_run(self):
         """--overwrite removes the old run with fileio.remove_tree: renamed aside first, so never half there."""
-        from wordle_mlx import fileio
+        from wordle_mlx.storage import fileio
         with tempfile.TemporaryDirectory() as d:
             run = Path(d, "run")
             (run / "checkpoints" / "step_000002").mkdir(parents=True)

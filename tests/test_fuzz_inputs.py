@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from wordle_mlx.config import StrictModel, load_config
 from wordle_mlx.errors import UserError
 from wordle_mlx.llm.play.prompts import REPLY_ERRORS, parse_reply
-from wordle_mlx.metrics import read_jsonl
+from wordle_mlx.storage.metrics import read_jsonl
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -24,11 +24,13 @@ import mlx.optimizers as optim
 
 from wordle_mlx.config import validate_config
 from wordle_mlx.llm.training.advantages import group_advantages
-from wordle_mlx.llm.training.grpo_loss import LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_shared_batch
-from wordle_mlx.llm.training.grpo_step import UpdateSettings, policy_update
+from wordle_mlx.llm.training.rl import LossSettings, grpo_loss
+from wordle_mlx.llm.training.packing import averaging_weights, batch_arrays, pack_shared_batch
+from wordle_mlx.llm.training.rl import UpdateSettings, policy_update
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.model.logits import set_grad_checkpoint
 from wordle_mlx.llm.model.models import load_model
+from wordle_mlx.llm.training.sft_data import read_sft_jsonl
 from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
 from wordle_mlx.stages import data, sft
 
@@ -83,7 +85,7 @@ class SFTGradCheckpointTest(unittest.TestCase):
         cls.tmp.cleanup()
 
     def test_sft_loss_and_gradients_equal_with_and_without_checkpointing(self):
-        seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:4], self.tokenizer, Path("x"))
+        seqs = sft.tokenize(read_sft_jsonl(self.root / "data" / "train.jsonl")[:4], self.tokenizer, Path("x"))
         for share in (True, False):
             batch = make_batch(seqs, pad_to=16, share_prefix=share)
             self.assertEqual(batch.prefix is not None, share)

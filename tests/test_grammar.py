@@ -21,10 +21,11 @@ from wordle_mlx.game.state import GameState
 from wordle_mlx.game.words import answers, guess_list
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, pack_batch,
-                                      pack_shared_batch, selected_logprobs)
+from wordle_mlx.llm.training.rl import LossSettings, grpo_loss
+from wordle_mlx.llm.training.packing import averaging_weights, batch_arrays, pack_batch, pack_shared_batch
+from wordle_mlx.llm.model.logits import selected_logprobs
 from wordle_mlx.game.rewards import RewardWeights, Rewards
-from wordle_mlx.llm.training.grpo_step import Player, ScoredItem, UpdateSettings, policy_update, rollout
+from wordle_mlx.llm.training.rl import Player, ScoredItem, UpdateSettings, policy_update, rollout
 from wordle_mlx.llm.model.models import load_model
 from wordle_mlx.llm.play.prompts import PromptConfig, parse_reply
 from wordle_mlx.llm.play.reply_grammar import LETTERS, LetterChoices, LetterGrammar, WordTrie, effective_mode

@@ -18,21 +18,23 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from wordle_mlx.config import validate_config
 from wordle_mlx.errors import UserError
-from wordle_mlx.llm.training import grpo_loss as grpo_loss_module
-from wordle_mlx.llm.training import grpo_step
+from wordle_mlx.llm.training import packing as grpo_loss_module
+from wordle_mlx.llm.training import rl
 from wordle_mlx.llm.play.episode import TokenSequence
 from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
 from wordle_mlx.llm.training.advantages import group_advantages
-from wordle_mlx.llm.training.grpo_loss import (LossSettings, averaging_weights, batch_arrays, grpo_loss, lora_disabled, pack_batch,
-                                      selected_logprobs)
-from wordle_mlx.llm.training.grpo_step import Player, ScoredItem, UpdateSettings, policy_update
-from wordle_mlx.llm.training.policy import load_policy
+from wordle_mlx.llm.training.rl import LossSettings, grpo_loss
+from wordle_mlx.llm.training.packing import averaging_weights, batch_arrays, pack_batch
+from wordle_mlx.llm.model.lora import lora_disabled
+from wordle_mlx.llm.model.logits import selected_logprobs
+from wordle_mlx.llm.training.rl import Player, ScoredItem, UpdateSettings, policy_update
+from wordle_mlx.llm.training.policy import load_policy, start_adapter
 from wordle_mlx.llm.training.trainer import NonFiniteStop, make_optimizer
 from wordle_mlx.llm.play.prompts import PromptConfig
 from wordle_mlx.llm.play.rollout import RolloutConfig
 from wordle_mlx.llm.model.lora import apply_lora, lora_parameters
 from wordle_mlx.llm.model.models import load_model
-from wordle_mlx.metrics import read_jsonl
+from wordle_mlx.storage.metrics import read_jsonl
 from wordle_mlx.stages import grpo as stage
 from wordle_mlx.stages.plot import PlotConfig
 from wordle_mlx.stages.plot import run as plot_run
@@ -74,7 +76,7 @@ def rollout_config(temperature: float = 1.0, seed: int = 0) -> RolloutConfig:
                          decode="free")
 
 
-REAL_ROLLOUT = grpo_step.rollout
+REAL_ROLLOUT = rl.rollout
 
 
 def spread_rollout(*args, **kwargs):
@@ -273,7 +275,7 @@ class Stage(unittest.TestCase):
         cfg = stage_config(self.tmp.name, steps=3, save_every=2)
         cfg = cfg.model_copy(update={"decode": "words",
                                      "validation": cfg.validation.model_copy(update={"every": 2, "games": 3})})
-        real = stage.validate
+        real = stage.validation_record
         scripted = iter([0.1, 0.5, 0.3])                 # steps 0, 2 and 3
 
         def validate(*args):
@@ -282,7 +284,7 @@ class Stage(unittest.TestCase):
             self.assertEqual((rec["invalid_rate"], rec["format_error_rate"], rec["repeat_rate"]), (0.0, 0.0, 0.0))
             return {**rec, "win_rate": next(scripted)}
 
-        with mock.patch.object(stage, "validate", validate):
+        with mock.patch.object(stage, "validation_record", validate):
             result = stage.run(cfg)
         run_dir = Path(self.tmp.name) / "run"
         valid = [r for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "valid"]
@@ -303,7 +305,7 @@ class Stage(unittest.TestCase):
         """`validation.history`: the empty board, the boards `eval --split valid --history seeded --seed 0` plays,
         or both, each kind in the words' order."""
         from wordle_mlx.game.solver import Solver
-        from wordle_mlx.stages.entropy import load_table
+        from wordle_mlx.stages.pattern_table import load_table
         from wordle_mlx.stages.evaluate import EvalConfig, game_specs
         solver = Solver(load_table(show_progress=False))
         words = stage.split_words("valid")[:12]
@@ -345,8 +347,8 @@ class Stage(unittest.TestCase):
 
         cfg = stage_config(self.tmp.name, steps=5)
         run_dir = Path(self.tmp.name) / "run"
-        with mock.patch.object(grpo_step, "grpo_loss", nan_loss), \
-                mock.patch.object(grpo_step, "rollout", spread_rollout):
+        with mock.patch.object(rl, "grpo_loss", nan_loss), \
+                mock.patch.object(rl, "rollout", spread_rollout):
             with self.assertRaisesRegex(NonFiniteStop, "not finite 3 steps in a row"):
                 stage.run(cfg)
         recs = train_records(run_dir)
@@ -360,7 +362,7 @@ class Stage(unittest.TestCase):
     def test_resume_gives_the_same_next_step(self):
         one_board = {"rl": {"batch_prompts": 1, "num_generations": 3}}
         uninterrupted = Path(self.tmp.name) / "a"
-        with mock.patch.object(grpo_step, "rollout", spread_rollout):
+        with mock.patch.object(rl, "rollout", spread_rollout):
             stage.run(stage_config(str(uninterrupted), steps=2).model_copy(update=config_part(one_board)))
         expected = train_records(uninterrupted / "run")[1]
 
@@ -372,11 +374,11 @@ class Stage(unittest.TestCase):
             return spread_rollout(*args, **kwargs)
 
         logs = Path(self.tmp.name) / "b"
-        with mock.patch.object(grpo_step, "rollout", interrupt_third):
+        with mock.patch.object(rl, "rollout", interrupt_third):
             result = stage.run(stage_config(str(logs), steps=2).model_copy(update=config_part(one_board)))
         self.assertEqual((result["step"], result["stopped"]), (1, "interrupted"))
         cfg = stage_config(str(logs), steps=2, resume=str(logs / "run")).model_copy(update=config_part(one_board))
-        with mock.patch.object(grpo_step, "rollout", spread_rollout):
+        with mock.patch.object(rl, "rollout", spread_rollout):
             stage.run(cfg)
         got = train_records(logs / "run")
         self.assertEqual([r["step"] for r in got], [1, 2])
@@ -395,7 +397,7 @@ class Stage(unittest.TestCase):
         rewards = Rewards(RewardWeights(early=1.2), answers())
         specs = [GameSpec("crane"), GameSpec("pious", ["slate"])]
         allowed = frozenset(guess_list())
-        out = grpo_step.rollout(Player(model, tok, BatchedGenerator(model, tok)), specs, rollout_config(1.0, 3),
+        out = rl.rollout(Player(model, tok, BatchedGenerator(model, tok)), specs, rollout_config(1.0, 3),
                                 allowed, rewards, 4)
         self.assertEqual(len(out.episodes), 2)
         played = [t for ep in out.episodes for t in ep.turns]
@@ -421,7 +423,7 @@ class Stage(unittest.TestCase):
         rewards = Rewards(RewardWeights(early=1.2), answers())
         specs = [GameSpec("crane"), GameSpec("pious", ["slate"]), GameSpec("shown")]
         allowed = frozenset(guess_list())
-        out = grpo_step.rollout(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg, allowed, rewards, 4)
+        out = rl.rollout(Player(model, tok, BatchedGenerator(model, tok)), specs, rcfg, allowed, rewards, 4)
         greedy = play_games(model, tok, specs, rcfg.model_copy(update={"temperature": 0.0}), allowed,
                             generate_fn=BatchedGenerator(model, tok))
         self.assertEqual([[(t.completion_tokens, t.error) for t in ep.turns] for ep in out.episodes],
@@ -436,8 +438,8 @@ class Stage(unittest.TestCase):
         (AdamW would move every weight by about lr); its state is checkpointed like AdamW's moments."""
         cfg = stage_config(self.tmp.name, steps=1, save_every=1, optimizer={
             "name": "sgd", "learning_rate": 0.05, "min_lr_ratio": 1.0, "max_grad_norm": 0.5})
-        start = dict(tree_flatten(load_policy(cfg, PromptConfig(), "free", False)[0].trainable_parameters()))
-        with mock.patch.object(grpo_step, "rollout", spread_rollout):
+        start = dict(tree_flatten(load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), PromptConfig(), "free", False)[0].trainable_parameters()))
+        with mock.patch.object(rl, "rollout", spread_rollout):
             stage.run(cfg)
         run_dir = Path(self.tmp.name) / "run"
         (rec,) = train_records(run_dir)
@@ -451,12 +453,12 @@ class Stage(unittest.TestCase):
         adamw = make_optimizer(stage_config(self.tmp.name).optimizer, 3)[0]     # no decay: the config has none
         self.assertEqual((type(adamw), adamw.weight_decay), (optim.AdamW, 0.0))
 
-    def test_old_fields_name_their_new_place_in_one_line(self):
-        for data, message in (({"training": {"steps": 3}}, "training.steps is now run.steps"),
-                              ({"rl": {"mode": "episode"}}, "rl.mode was removed: "),
-                              ({"game_eval": {"every": 2}}, "game_eval is now validation"),
-                              ({"validation": {"keep": "best"}}, "validation.keep was removed: "),
-                              ({"model": {"start_adapter": "x"}}, "model.start_adapter is now model.adapter")):
+    def test_old_fields_are_unknown_fields_in_one_line(self):
+        for data, message in (({"training": {"steps": 3}}, 'training: unknown field (got {"steps": 3})'),
+                              ({"rl": {"mode": "episode"}}, "rl.mode: unknown field (got 'episode')"),
+                              ({"game_eval": {"every": 2}}, 'game_eval: unknown field (got {"every": 2})'),
+                              ({"validation": {"keep": "best"}}, "validation.keep: unknown field (got 'best')"),
+                              ({"model": {"start_adapter": "x"}}, "model.start_adapter: unknown field (got 'x')")):
             with self.subTest(data=data), self.assertRaises(UserError) as ctx:
                 validate_config(data, stage.GRPOConfig, "x.json")
             self.assertTrue(str(ctx.exception).startswith(f"x.json: {message}"), str(ctx.exception))
@@ -479,7 +481,7 @@ class StartFromAdapter(unittest.TestCase):
             save_adapters(Path(tmp) / "sft", model, adapter_config(-1, params, "builtin:tiny-random"))
             cfg = stage_config(tmp)
             cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"adapter": str(Path(tmp) / "sft")})})
-            policy, _, acfg, _ = load_policy(cfg, PromptConfig(), "free", False)
+            policy, _, acfg, _ = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), PromptConfig(), "free", False)
             layers = [m for _, m in policy.named_modules() if hasattr(m, "lora_a")]
             self.assertTrue(layers)
             self.assertTrue(all(m.dropout._p_1 == 1.0 for m in layers))    # keep probability 1: no dropout
@@ -504,7 +506,7 @@ class StartFromAdapter(unittest.TestCase):
             data["model"]["adapter"] = str(Path(tmp) / "sft")
             data["lora"]["train_layers"] = 1
             cfg = validate_config(data, stage.GRPOConfig, "test")
-            with mock.patch.object(grpo_step, "rollout", spread_rollout):
+            with mock.patch.object(rl, "rollout", spread_rollout):
                 stage.run(cfg)
             end = mx.load(str(Path(tmp) / "run" / "adapters" / "adapters.safetensors"))
             self.assertEqual(set(end), set(start))
@@ -514,12 +516,12 @@ class StartFromAdapter(unittest.TestCase):
                     continue
                 self.assertTrue(mx.array_equal(start[k], end[k]).item(), k)
             self.assertTrue(any(not mx.array_equal(start[k], end[k]).item() for k in start if last in k))
-            policy = load_policy(cfg, PromptConfig(), "free", False)[0]
+            policy = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), PromptConfig(), "free", False)[0]
             trainable = {k for k, _ in tree_flatten(policy.trainable_parameters())}
             self.assertTrue(trainable and all(last in k for k in trainable))
             resumed = validate_config({**data, "run": {**data["run"], "steps": 3, "resume": str(Path(tmp) / "run")}},
                                       stage.GRPOConfig, "test")
-            with mock.patch.object(grpo_step, "rollout", spread_rollout):
+            with mock.patch.object(rl, "rollout", spread_rollout):
                 self.assertEqual(stage.run(resumed)["step"], 3)
             after = mx.load(str(Path(tmp) / "run" / "adapters" / "adapters.safetensors"))
             self.assertTrue(all(mx.array_equal(start[k], after[k]).item() for k in start if last not in k))

@@ -30,7 +30,7 @@ from wordle_mlx.game.feedback import feedback
 from wordle_mlx.game.knowledge import candidates
 from wordle_mlx.game.splits import split_words
 from wordle_mlx.game.words import answers, guess_list
-from wordle_mlx.llm.training import grpo_step
+from wordle_mlx.llm.training import rl
 from wordle_mlx.llm.play.generation import Completion
 from wordle_mlx.llm.model.models import load_model
 from wordle_mlx.game.rewards import Rewards
@@ -109,7 +109,7 @@ class ConfigFilesThroughCli(unittest.TestCase):
             ("data", b"{\"out\": ", "invalid JSON"),
             ("eval", b"\xff\xfe{}", "not UTF-8"),
             ("sft", b'{"stepz": 3}', "stepz: unknown field"),
-            ("sft", b'{"steps": 3}', "steps is now run.steps"),
+            ("sft", b'{"steps": 3}', "steps: unknown field (got 3)"),
             ("sft", b'{"run": {"steps": "many"}}', "run.steps: Input should be a valid integer"),
             ("sft", b'{"data": {"batch_size": -4}}', "data.batch_size: Input should be greater than or equal to 1"),
             ("sft", b'{"optimizer": {"learning_rate": 1e400}}', "optimizer.learning_rate: Input should be a finite"),
@@ -121,7 +121,7 @@ class ConfigFilesThroughCli(unittest.TestCase):
             ("train", b'{"rl": {"num_generations": 1}}', "rl.num_generations"),
             ("train", b'{"reward": {"format": 0}}', "reward"),
             ("train", b'{"rl": {"k_weights": [-1]}}', "rl"),
-            ("train", b'{"training": {"steps": 3}}', "training.steps is now run.steps"),
+            ("train", b'{"training": {"steps": 3}}', "training: unknown field (got {\"steps\": 3})"),
             ("train", b'{"trainning": {}}', "trainning: unknown field"),
             ("data", b'{"train_examples": 0}', "train_examples"),
             ("data", b'{"mode": "\xe2\x98\x83"}', "mode"),
@@ -281,7 +281,7 @@ class RewardHacking(unittest.TestCase):
         total, n = 0.0, 0
         for i, spec in enumerate(self.specs):
             policy = ScriptedPolicy(self.tok, spec.secret, spec.seeded_guesses, choose, cfg.max_tokens, i)
-            out = grpo_step.rollout(grpo_step.Player(None, self.tok, policy), [spec], rcfg, ALLOWED, rewards, 2)
+            out = rl.rollout(rl.Player(None, self.tok, policy), [spec], rcfg, ALLOWED, rewards, 2)
             total += sum(it.reward for it in out.items)
             n += len(out.items)
         return total / n

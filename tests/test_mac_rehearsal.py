@@ -1,6 +1,6 @@
 """The Mac rehearsal: every stage on tiny checkpoints laid out like mlx-community/gemma-3-4b-it-bf16 and -4bit.
 
-For each layout (float32, bfloat16, 4-bit made by mlx-lm's own quantizer; `llm/model/mac_layouts.py`) one class
+For each layout (float32, bfloat16, 4-bit made by mlx-lm's own quantizer; `tests/rehearsal/mac_layouts.py`) one class
 runs `data`, `sft` (gradient checkpointing on), `train` (GRPO), `eval`, `play` and `fuse` with the 4B recipe's
 own configs from config/gemma3-4b/, changing only the model path, the dtype for the float32 layout, the
 output folders and the sizes (steps, batch, games, tokens), then loads the adapter and the fused folder with
@@ -27,7 +27,7 @@ import unittest
 from unittest import mock
 from pathlib import Path
 
-from wordle_mlx.rehearsal import first_reply_a_word, recipe_config as recipe
+from tests.rehearsal.recipe import first_reply_a_word, recipe_config as recipe
 
 
 class MacRehearsal:
@@ -41,7 +41,7 @@ class MacRehearsal:
 
     @classmethod
     def setUpClass(cls):
-        from wordle_mlx.llm.model.mac_layouts import make_mac_layout
+        from tests.rehearsal.mac_layouts import make_mac_layout
 
         cls.root = Path(tempfile.mkdtemp(prefix=f"wordle-mlx-mac-{cls.KIND}-"))
         cls.model = str(make_mac_layout(cls.root / "model", cls.KIND))

@@ -1,4 +1,4 @@
-"""The metrics JSONL writer and the resume-time truncation that keeps steps unique."""
+"""The metrics JSONL writer, the resume-time truncation that keeps steps unique, and the old SFT kinds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from wordle_mlx.metrics import MetricsWriter, read_jsonl, truncate_after_step
+from wordle_mlx.storage.metrics import MetricsWriter, read_jsonl, record_kind, truncate_after_step
 
 
 class MetricsTest(unittest.TestCase):
@@ -22,6 +22,11 @@ class MetricsTest(unittest.TestCase):
             lines = path.read_text().splitlines()
             self.assertEqual(len(lines), 2)
             self.assertEqual(json.loads(lines[0]), {"kind": "train", "step": 1, "loss": None, "x": [1.0, None]})
+
+    def test_record_kind_reads_sfts_old_kinds_as_todays(self):
+        self.assertEqual([record_kind({"kind": k}) for k in ("sft", "sft_valid", "train", "valid", "run", "eval")],
+                         ["train", "valid", "train", "valid", "run", "eval"])
+        self.assertEqual((record_kind({}), record_kind({"kind": ["sft"]})), (None, None))
 
     def test_truncate_after_step_drops_later_steps_only(self):
         with tempfile.TemporaryDirectory() as d:

@@ -1,5 +1,5 @@
-"""The memory planner: exact arithmetic on small dimensions (`memory_plan.py`), config reading and errors
-(`stages/plan.py`), and the `wordle-mlx plan` command."""
+"""The memory planner: exact arithmetic on small dimensions (`planning/memory.py`), config reading and errors
+(`planning/stage_plan.py`, `stages/plan.py`), and the `wordle-mlx plan` command."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from wordle_mlx import memory_plan as mp
 from wordle_mlx.errors import UserError
+from wordle_mlx.planning import memory as mp, stage_plan
 from wordle_mlx.stages import plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,11 +173,11 @@ class PlanStageTest(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def test_dims_read_as_mlx_lm_reads_them(self):
-        dims = plan.model_dims(self.CONFIG, "bfloat16", "config.json", metal=False)
+        dims = stage_plan.model_dims(self.CONFIG, "bfloat16", "config.json", metal=False)
         self.assertEqual(dims, mp.ModelDims(8, 2, 2, 1, 4, 16, 64, 4, 2, 2, bits=4, group_size=8))
         # the 4B's config leaves heads out: mlx-lm's gemma3 wrapper fills 8 and 4
         bare = {"model_type": "gemma3", "text_config": {"hidden_size": 2560, "num_hidden_layers": 34}}
-        dims = plan.model_dims(bare, None, "config.json", metal=True)
+        dims = stage_plan.model_dims(bare, None, "config.json", metal=True)
         self.assertEqual((dims.heads, dims.kv_heads, dims.head_dim, dims.vocab, dims.value_bytes),
                          (8, 4, 256, 262_208, 4))
 
@@ -212,8 +212,8 @@ class PlanStageTest(unittest.TestCase):
     def test_plans_before_the_download_for_every_4b_config(self):
         """No model on disk, no --model-config: the 4B recipe's configs plan from the known dimensions, which
         are the ones of the Mac-layout rehearsal checkpoint."""
-        from wordle_mlx.gemma3_sizes import known_config
-        from wordle_mlx.llm.model.mac_layouts import TEXT_CONFIG_4B
+        from wordle_mlx.planning.gemma3_sizes import known_config
+        from tests.rehearsal.mac_layouts import TEXT_CONFIG_4B
 
         known = known_config("mlx-community/gemma-3-4b-it-bf16")["text_config"]
         self.assertEqual({k: v for k, v in TEXT_CONFIG_4B.items() if k in known}, known)
@@ -269,9 +269,9 @@ class PlanStageTest(unittest.TestCase):
         optimizer, _ = make_optimizer(cfg.optimizer, cfg.run.steps)
         optimizer.init(model.trainable_parameters())
         state = sum(v.nbytes for k, v in tree_flatten(optimizer.state) if k not in ("step", "learning_rate"))
-        numbers, _ = plan.grpo_numbers(cfg, None)
-        dims = plan.model_dims(plan.model_config_dict("builtin:tiny-random", None), "float32", "tiny",
-                               metal=False)
+        numbers, _ = stage_plan.grpo_numbers(cfg, None)
+        dims = stage_plan.model_dims(stage_plan.model_config_dict("builtin:tiny-random", None), "float32", "tiny",
+                                     metal=False)
         params = mp.lora_parameters(dims, numbers.rank, numbers.num_layers, numbers.keys)
         self.assertEqual(params, sum(v.size for _, v in tree_flatten(model.trainable_parameters())))
         self.assertEqual(mp.lora_bytes(params, numbers.optimizer_states) - mp.lora_bytes(params, 0), state)
@@ -290,7 +290,7 @@ class PlanStageTest(unittest.TestCase):
                 path = write_json(self.tmp, "sft.json", {"model": {"name": str(self.tmp)}, "data": {"batch_size": batch}})
                 err = io.StringIO()
                 with contextlib.redirect_stderr(err):
-                    plan.warn_if_over_working_set("sft", load_config(path, SFTConfig))
+                    stage_plan.warn_if_over_working_set("sft", load_config(path, SFTConfig))
                 self.assertEqual(err.getvalue().startswith("warning: the memory plan of this sft step is"), warned)
                 self.assertLessEqual(len(err.getvalue().splitlines()), 1)
 

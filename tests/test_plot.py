@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from wordle_mlx.cli import app
 from wordle_mlx.errors import UserError
-from wordle_mlx.plots.runlog import load_run
+from wordle_mlx.plots.runlog import load_run, load_series
 from wordle_mlx.plots.stats import (centered_mean, cumulative_wins, is_noisy, markdown_table, mcnemar_exact_p,
                                     outcome_histogram, paired_counts, rolling_win_rate, wilson_interval)
 from wordle_mlx.stages.plot import PlotConfig, list_option_values, run
@@ -42,18 +42,25 @@ def make_game(rng: random.Random, p_win: float) -> dict:
 
 
 def make_metrics(steps: int = 12, games_per_step: int = 4, valid_every: int = 5, seed: int = 0,
-                 sft: bool = False) -> list[dict]:
-    """Records of a synthetic GRPO run (or an SFT run with `sft=True`), run line first."""
+                 sft: bool = False, old_kinds: bool = False, sft_games: int = 0) -> list[dict]:
+    """Records of a synthetic GRPO run (or an SFT run with `sft=True`: `sft_games` games a validation pass, in the
+    kinds SFT wrote before `train` / `valid` with `old_kinds`), run line first."""
     rng = random.Random(seed)
     records: list[dict] = [{"kind": "run", "stage": "sft" if sft else "grpo", "run": "synthetic-run",
                             "config_hash": "abc1234567", "config": {}, "time": 0.0, "resumed_from_step": None}]
+    train_kind, valid_kind = ("sft", "sft_valid") if old_kinds else ("train", "valid")
     for step in range(1, steps + 1):
         p = min(0.9, 0.1 + step / steps)
         if sft:
-            records.append({"kind": "sft", "step": step, "time": float(step), "lr": 2e-4, "loss": 2.0 / step,
+            records.append({"kind": train_kind, "step": step, "time": float(step), "lr": 2e-4, "loss": 2.0 / step,
                             "grad_norm": 1.0, "tokens": 4096, "tokens_per_second": 100.0 + step, "peak_memory_gb": 1.0})
             if step % valid_every == 0:
-                records.append({"kind": "sft_valid", "step": step, "val_loss": 2.5 / step})
+                record = {"kind": valid_kind, "step": step, "val_loss": 2.5 / step}
+                if sft_games:
+                    games = [make_game(rng, p) for _ in range(sft_games)]
+                    record.update(win_rate=sum(g["won"] for g in games) / sft_games, format_error_rate=0.1,
+                                  games=games)
+                records.append(record)
             continue
         games = [make_game(rng, p) for _ in range(games_per_step)]
         wins = sum(g["won"] for g in games)
@@ -252,6 +259,36 @@ class TestRunCharts(unittest.TestCase):
         result, _, _ = quiet_run(PlotConfig(file=str(path), out=str(self.tmp / "o")))
         self.assertEqual([Path(f).name for f in result["files"]], ["sft_training.png"])
         check_png(self, self.tmp / "o" / "sft_training.png")
+
+    def test_old_sft_kinds_plot_as_the_new_ones(self):
+        """SFT wrote `sft` / `sft_valid` before it wrote `train` / `valid` as GRPO does: an old file still plots,
+        reads into the same steps and games as the new one, and gives the same charts; SFT's validation games do
+        not make a GRPO validation chart."""
+        runs = {}
+        for old in (True, False):
+            recs = make_metrics(steps=6, valid_every=2, sft=True, old_kinds=old, sft_games=5)
+            path = write_jsonl(self.tmp / ("old" if old else "new") / "metrics.jsonl", recs)
+            result, _, _ = quiet_run(PlotConfig(file=str(path)))
+            runs[old] = (load_run(path), [Path(f).name for f in result["files"]])
+        (old_log, old_files), (new_log, new_files) = runs[True], runs[False]
+        steps = [{kind: [{k: v for k, v in rec.items() if k != "line"} for rec in recs]   # "line" names the file
+                  for kind, recs in log.records.items()} for log in (old_log, new_log)]
+        self.assertEqual(steps[0], steps[1])
+        self.assertTrue(old_log.is_sft and new_log.is_sft)
+        self.assertEqual(old_files, new_files)
+        self.assertEqual(new_files, ["cumulative_wins.png", "win_rate.png", "sft_training.png",
+                                     "guess_histogram.png", "error_rates.png"])
+        self.assertEqual(len(new_log.valid_outcomes()), 3 * 5)
+        self.assertEqual(new_log.series("valid", "val_loss")[0], [2, 4, 6])
+        for name in new_files:
+            check_png(self, self.tmp / "old" / "plots" / name)
+        old_series, = load_series(self.tmp / "old" / "metrics.jsonl", None, False)
+        new_series, = load_series(self.tmp / "new" / "metrics.jsonl", None, False)
+        self.assertEqual((old_series.histogram, old_series.outcomes), (new_series.histogram, new_series.outcomes))
+        self.assertIn("(SFT validation games)", old_series.footnote)
+        no_run_line = write_jsonl(self.tmp / "bare" / "metrics.jsonl", make_metrics(steps=4, sft=True)[1:])
+        self.assertTrue(load_run(no_run_line).is_sft)      # SFT's fields tell it without a run record
+        self.assertFalse(load_run(write_jsonl(self.tmp / "grpo.jsonl", make_metrics(steps=4)[1:])).is_sft)
 
     def test_long_run_stays_small(self):
         recs = make_metrics(steps=3000, games_per_step=2, valid_every=100, seed=3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unittest
 
-from wordle_mlx.progress import PlainProgress, clock
+from wordle_mlx.runtime.progress import PlainProgress, clock
 
 
 class FakeClock:

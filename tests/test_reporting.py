@@ -20,8 +20,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from wordle_mlx.errors import UserError
 from wordle_mlx.llm.training.distributed import NullWriter
-from wordle_mlx.metrics import MetricsWriter
-from wordle_mlx.reporting import REPORT_TO_CHOICES, parse_report_to, scalars
+from wordle_mlx.storage.metrics import MetricsWriter
+from wordle_mlx.storage.reporting import REPORT_TO_CHOICES, parse_report_to, scalars
 
 RECORDS = [
     {"kind": "run", "stage": "grpo", "run": "grpo", "config_hash": "a1b2c3d4e5", "config": {"rl": {"lr": 0.02}},

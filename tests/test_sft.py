@@ -18,15 +18,17 @@ from wordle_mlx.config import load_config, validate_config
 from wordle_mlx.errors import UserError
 from wordle_mlx.llm.model import lora
 from wordle_mlx.llm.model.models import load_model, resolve_model
+from wordle_mlx.llm.training import trainer
 from wordle_mlx.llm.training.policy import trained_record
+from wordle_mlx.llm.training.sft_data import read_sft_jsonl
 from wordle_mlx.llm.training.sft_loss import loss_sum, make_batch
-from wordle_mlx.metrics import read_jsonl
+from wordle_mlx.storage.metrics import read_jsonl
 from wordle_mlx.stages import data, fuse, sft
 
 TINY = "builtin:tiny-random"
 
 
-def sft_records(run_dir: Path, kind: str = "sft") -> dict[int, dict]:
+def sft_records(run_dir: Path, kind: str = "train") -> dict[int, dict]:
     return {r["step"]: r for _, r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == kind}
 
 
@@ -71,7 +73,7 @@ class SFTTest(unittest.TestCase):
         return validate_config(base, sft.SFTConfig, "test")
 
     def test_selected_positions_loss_equals_full_logits_loss(self):
-        records = data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:3]
+        records = read_sft_jsonl(self.root / "data" / "train.jsonl")[:3]
         batch = make_batch(sft.tokenize(records, self.tokenizer, Path("x")), pad_to=16)
         ours = loss_sum(self.model, batch.inputs, batch.positions, batch.targets, batch.weights)
         full = loss_sum(self.model, batch.inputs, batch.positions, batch.targets, batch.weights, full_logits=True)
@@ -80,7 +82,7 @@ class SFTTest(unittest.TestCase):
         self.assertEqual(ours[1].item(), batch.tokens)
 
     def test_shared_prefix_batch_gives_the_same_loss_and_gradient(self):
-        seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:4], self.tokenizer, Path("x"))
+        seqs = sft.tokenize(read_sft_jsonl(self.root / "data" / "train.jsonl")[:4], self.tokenizer, Path("x"))
         plain = make_batch(seqs, pad_to=16)
         shared = make_batch(seqs, pad_to=16, share_prefix=True)
         self.assertIsNone(plain.prefix)
@@ -104,7 +106,7 @@ class SFTTest(unittest.TestCase):
 
     def test_matches_mlx_lm_default_loss_on_assistant_tokens(self):
         from mlx_lm.tuner.trainer import default_loss
-        seqs = sft.tokenize(data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:3], self.tokenizer, Path("x"))
+        seqs = sft.tokenize(read_sft_jsonl(self.root / "data" / "train.jsonl")[:3], self.tokenizer, Path("x"))
         width = max(len(t) for t, _ in seqs) + 1
         arr = mx.array([[*t, *([0] * (width - len(t)))] for t, _ in seqs])
         # mlx-lm's mask is steps <= length, i.e. it also scores the pad after each sequence; length - 1 stops at the end
@@ -114,7 +116,7 @@ class SFTTest(unittest.TestCase):
         self.assertAlmostEqual((s / n).item(), theirs.item(), delta=1e-5)
 
     def test_mask_covers_only_assistant_tokens(self):
-        records = data.read_sft_jsonl(self.root / "data" / "train.jsonl")[:1]
+        records = read_sft_jsonl(self.root / "data" / "train.jsonl")[:1]
         (tokens, offset), = sft.tokenize(records, self.tokenizer, Path("x"))
         batch = make_batch([(tokens, offset)], pad_to=8)
         target_text = self.tokenizer.decode(batch.targets[: batch.tokens].tolist())
@@ -129,7 +131,7 @@ class SFTTest(unittest.TestCase):
         run_dir = Path(result["run"])
         losses = [r["loss"] for r in sft_records(run_dir).values()]
         self.assertLess(min(losses[-3:]), losses[0] - 1.0)   # nats; the tiny random model starts near log(384)
-        valid = sft_records(run_dir, "sft_valid")
+        valid = sft_records(run_dir, "valid")
         self.assertLess(valid[12]["val_loss"], valid[3]["val_loss"])
         kinds = [r["kind"] for _, r in read_jsonl(run_dir / "metrics.jsonl")]
         self.assertEqual(kinds[0], "run")
@@ -191,7 +193,7 @@ class SFTTest(unittest.TestCase):
     def test_resume_matches_uninterrupted_run(self):
         full = sft.run(self.config("full"))
         interrupted = self.config("cut", save_every=0)
-        real_gradient, calls = sft.mean_gradient, []
+        real_gradient, calls = trainer.accumulate_gradients, []
 
         def ctrl_c_in_step_5(*args):
             calls.append(1)
@@ -199,7 +201,7 @@ class SFTTest(unittest.TestCase):
                 raise KeyboardInterrupt          # a second Ctrl-C: the unfinished step is dropped
             return real_gradient(*args)
 
-        with mock.patch.object(sft, "mean_gradient", ctrl_c_in_step_5):
+        with mock.patch.object(trainer, "accumulate_gradients", ctrl_c_in_step_5):
             result = sft.run(interrupted)
         self.assertEqual((result["step"], result["stopped"], result["signal"]), (4, "interrupted", "SIGINT"))
         cut_dir = self.root / "logs" / "cut"
@@ -270,10 +272,10 @@ class SFTTest(unittest.TestCase):
         events = EventAccumulator(str(Path(result["run"]) / "tensorboard"))
         events.Reload()
         logged = sft_records(Path(result["run"]))
-        self.assertEqual([e.step for e in events.Scalars("sft/loss")], [1, 2])
-        for event in events.Scalars("sft/loss"):       # stored as float32
+        self.assertEqual([e.step for e in events.Scalars("train/loss")], [1, 2])
+        for event in events.Scalars("train/loss"):       # stored as float32
             self.assertAlmostEqual(event.value, logged[event.step]["loss"], delta=1e-6 * abs(event.value))
-        self.assertEqual([e.step for e in events.Scalars("sft_valid/val_loss")], [2])
+        self.assertEqual([e.step for e in events.Scalars("valid/val_loss")], [2])
         self.assertIn("run/config", events.Tags()["tensors"])
 
     def test_bad_inputs(self):
@@ -283,7 +285,7 @@ class SFTTest(unittest.TestCase):
             validate_config({"lora": {"rank": 0}}, sft.SFTConfig, "x.json")
         with self.assertRaisesRegex(UserError, "optimizer.learning_rat: unknown field"):
             validate_config({"optimizer": {"learning_rat": 1}}, sft.SFTConfig, "x.json")
-        with self.assertRaisesRegex(UserError, "^x.json: learning_rate is now optimizer.learning_rate$"):
+        with self.assertRaisesRegex(UserError, "^x.json: learning_rate: unknown field \\(got 1\\)$"):
             validate_config({"learning_rate": 1}, sft.SFTConfig, "x.json")
         with self.assertRaisesRegex(UserError, "no config.json"):
             sft.run(self.config("r", resume=str(self.root / "nothing")))
@@ -311,13 +313,13 @@ class SFTTest(unittest.TestCase):
         again = sft.run(self.config("words-again", data=str(folder), steps=1, decode="words", start_adapter=str(start)))
         acfg = json.loads((Path(again["run"]) / "adapters" / "adapter_config.json").read_text())
         self.assertEqual((acfg["decode"], acfg["trained_free"], "trained_tags" in acfg), ("words", False, False))
-        records = data.read_sft_jsonl(folder / "train.jsonl")
+        records = read_sft_jsonl(folder / "train.jsonl")
         seeded = next(i for i, r in enumerate(records) if r["meta"]["history"])
         records[seeded]["meta"]["history"].append(records[seeded]["meta"]["target"])
         (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         with self.assertRaisesRegex(UserError, rf"record {seeded + 1}: decode 'words': the reply '\w+' is already on"):
             sft.run(self.config("words2", data=str(folder), steps=1, decode="words"))
-        with self.assertRaisesRegex(UserError, "^x.json: train_tags is now train_free"):
+        with self.assertRaisesRegex(UserError, "^x.json: train_tags: unknown field \\(got true\\)$"):
             validate_config({"decode": "words", "train_tags": True}, sft.SFTConfig, "x.json")
 
     def test_the_record_keeps_free_training_from_the_start_adapter(self):
@@ -328,14 +330,14 @@ class SFTTest(unittest.TestCase):
         self.assertEqual(trained_record("grammar", True, None), {"decode": "grammar", "trained_free": True})
         self.assertEqual(trained_record("free", False, None), {"decode": "free", "trained_free": True})
 
-    def test_grammar_loss_is_the_old_name_of_decode_grammar(self):
-        with self.assertRaisesRegex(UserError, '^x.json: grammar_loss is now decode \\(true: decode "grammar"\\)$'):
+    def test_grammar_loss_is_an_unknown_field(self):
+        with self.assertRaisesRegex(UserError, "^x.json: grammar_loss: unknown field \\(got true\\)$"):
             validate_config({"grammar_loss": True}, sft.SFTConfig, "x.json")
         self.assertEqual(validate_config({"decode": "words"}, sft.SFTConfig, "x.json").decode, "words")
 
     def test_data_without_stats_json_must_use_the_default_prompt(self):
         from wordle_mlx.llm.play.prompts import PromptConfig, system_prompt
-        records = data.read_sft_jsonl(self.root / "data" / "train.jsonl")
+        records = read_sft_jsonl(self.root / "data" / "train.jsonl")
         full = system_prompt(PromptConfig(style="full", require_think=True, guess_format="word"))
         for name, system in (("nostats_default", system_prompt(PromptConfig())), ("nostats_full", full)):
             folder = self.root / name
@@ -344,10 +346,10 @@ class SFTTest(unittest.TestCase):
                      [m for m in r["messages"] if m["role"] != "system"]} for r in records]
             (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             (folder / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
-        self.assertEqual(sft.load_data(self.config("a", data=str(self.root / "nostats_default")))[3], PromptConfig())
+        self.assertEqual(sft.load_data(self.root / "nostats_default", True)[2], PromptConfig())
         with self.assertRaisesRegex(UserError, r"nostats_full/stats\.json: missing, and .*train\.jsonl record 1 "
                                     r"has the system prompt 'You are playing Wordle"):
-            sft.load_data(self.config("b", data=str(self.root / "nostats_full")))
+            sft.load_data(self.root / "nostats_full", True)
 
     def test_broken_adapter_prompt_is_a_one_line_error(self):
         from wordle_mlx.llm.play.prompts import ADAPTER_PROMPT_KEY, adapter_prompt

@@ -19,7 +19,7 @@ from pathlib import Path
 from wordle_mlx.config import load_config
 from wordle_mlx.game.splits import split_answers
 from wordle_mlx.stages import choice, data
-from wordle_mlx.stages.entropy import load_table
+from wordle_mlx.stages.pattern_table import load_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "adapters" / "gemma-3-270m-wordle"

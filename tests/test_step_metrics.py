@@ -5,7 +5,8 @@ import unittest
 from wordle_mlx.game.state import GameState
 from wordle_mlx.llm.play.episode import Episode, Turn
 from wordle_mlx.llm.play.prompts import MISSING_GUESS, NOT_A_WORD
-from wordle_mlx.llm.training.step_metrics import game_counts, rates_from_counts, value_stats
+from wordle_mlx.llm.play.games import game_counts, rates_from_counts
+from wordle_mlx.llm.training.step_metrics import value_stats
 
 
 def turn(guess, error=None, repeated=False):

@@ -12,7 +12,7 @@ import threading
 import unittest
 from types import SimpleNamespace
 
-from wordle_mlx.stop_signals import EXIT_CODES, StopSignals, agreed_stop
+from wordle_mlx.runtime.stop_signals import EXIT_CODES, StopSignals, agreed_stop
 
 
 class StopSignalsTest(unittest.TestCase):

@@ -3,7 +3,7 @@
 Each command builds its stage's config (from a JSON file and/or flags) through `config.load_config`,
 calls the stage's `run(cfg)`, and prints JSON on stdout when asked. A `UserError` anywhere becomes one
 line on stderr and exit code 2; there is no traceback for bad input. On Linux the process first
-re-executes itself with OpenBLAS preloaded (see `blas.py`).
+re-executes itself with OpenBLAS preloaded (see `runtime/blas.py`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .blas import reexec_for_linux_cpu
+from .runtime.blas import reexec_for_linux_cpu
 from .config import load_config
 from .errors import UserError
-from .stop_signals import EXIT_CODES
+from .runtime.stop_signals import EXIT_CODES
 
 
 class _Commands(typer.core.TyperGroup):
@@ -321,7 +321,7 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
                                                 "dtype": dtype, "dequantize": dequantize, "overwrite": overwrite})
     result = stage.run(cfg)
     if not json_output:
-        from .progress import console
+        from .runtime.progress import console
         console.print(f"fused {result['fused_layers']} layers into {result['out']} ({result['output']} "
                       f"{result['dtype']}; max logit diff {result['max_abs_logit_diff']:.2e} <= "
                       f"{result['tolerance']:.2e}, the adapter's own effect {result['adapter_effect']:.2e}); "

@@ -18,9 +18,9 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Type, TypeVar
+from typing import Any, Type, TypeVar
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from .errors import UserError
 
@@ -30,38 +30,11 @@ MODEL_SPEC_HELP = ("Model spec (see llm/model/models.py): builtin:NAME, a Hub id
 
 
 class StrictModel(BaseModel):
-    """A config section: unknown fields are refused. `RENAMED` maps an old field (a dotted path from this section)
-    to where it lives now (a dotted path from the top of the config) and `REMOVED` a removed field to the reason;
-    a config that still uses one gets a one-line error naming the new place or the reason, not "unknown field".
-    A field that is also today's section name (e.g. `model`) is old only when it is not a section."""
+    """A config section: unknown fields are refused (`format_validation_error` names the file, the field and the
+    value in one line)."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
-    RENAMED: ClassVar[dict[str, str]] = {}
-    REMOVED: ClassVar[dict[str, str]] = {}
     _base_dir: Path | None = PrivateAttr(default=None)
     _source: str = PrivateAttr(default="")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for old, new in cls.RENAMED.items():
-                if _old_field(data, old, cls.model_fields):
-                    raise ValueError(f"{old} is now {new}")
-            for old, why in cls.REMOVED.items():
-                if _old_field(data, old, cls.model_fields):
-                    raise ValueError(f"{old} was removed: {why}")
-        return data
-
-
-def _old_field(data: dict, dotted: str, fields) -> bool:
-    """True when `data` holds the old field `dotted`; not when it is one of today's `fields` holding a section (a
-    dict), as `model` does in the training configs."""
-    node: Any = data
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return False
-        node = node[key]
-    return "." in dotted or dotted not in fields or not isinstance(node, dict)
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..fileio import atomic_path, cache_dir
+from ..storage.fileio import atomic_path, cache_dir
 from .feedback import NUM_PATTERNS, encode_words, pattern_matrix
 from .words import lists_hash
 

@@ -1,8 +1,9 @@
 """The single-run charts of `wordle-mlx plot --file metrics.jsonl`.
 
 Each function takes a `RunLog` and returns a finished `Figure`, or None when the run has no data for it
-(an SFT-only run has no rewards, a run without validation has no validation games, ...). `RUN_CHARTS`
-lists them with their file names in the order they are written.
+(an SFT-only run has no rewards, a run without validation has no validation games, ...). SFT and GRPO steps have
+the same kinds (`train`, `valid`), so the optimisation and validation charts ask `RunLog.is_sft` which run they
+show. `RUN_CHARTS` lists them with their file names in the order they are written.
 """
 
 from __future__ import annotations
@@ -112,14 +113,18 @@ def _panels(log: RunLog, panels: list[tuple[str, str, str, bool]], title: str) -
 
 
 def training_chart(log: RunLog, window: int) -> Figure | None:
+    if log.is_sft:
+        return None
     return _panels(log, [("train", "loss", "loss", True), ("train", "kl", "KL to reference", True),
                          ("train", "grad_norm", "gradient norm", True), ("train", "lr", "learning rate", False)],
                    "GRPO optimisation")
 
 
 def sft_training_chart(log: RunLog, window: int) -> Figure | None:
-    return _panels(log, [("sft", "loss", "train loss", True), ("sft_valid", "val_loss", "validation loss", False),
-                         ("sft", "lr", "learning rate", False), ("sft", "tokens_per_second", "tokens / second", True)],
+    if not log.is_sft:
+        return None
+    return _panels(log, [("train", "loss", "train loss", True), ("valid", "val_loss", "validation loss", False),
+                         ("train", "lr", "learning rate", False), ("train", "tokens_per_second", "tokens / second", True)],
                    "SFT optimisation")
 
 
@@ -148,7 +153,7 @@ def guess_histogram_chart(log: RunLog, window: int) -> Figure | None:
 def error_rates_chart(log: RunLog, window: int) -> Figure | None:
     fig, (ax,) = new_figure()
     drawn = 0
-    sources = [("train", "-", True), ("valid", "--", False), ("sft_valid", "--", False)]
+    sources = [("train", "-", True), ("valid", "--", False)]
     fields = [("format_error_rate", "format errors"), ("invalid_rate", "invalid words"), ("repeat_rate", "repeats")]
     for kind, style, smooth in sources:
         for i, (name, label) in enumerate(fields):
@@ -171,7 +176,7 @@ def validation_chart(log: RunLog, window: int) -> Figure | None:
     0; with empty and seeded boards, each kind's too), beside the share of the step's groups skipped for zero
     reward variance."""
     steps, rates = log.series("valid", "win_rate")
-    if not steps:
+    if not steps or log.is_sft:
         return None
     fig, axes = new_figure(1, 2)
     games = [len(rec.get("games", [])) for rec in log.records["valid"] if rec.get("win_rate") is not None]

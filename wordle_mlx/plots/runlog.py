@@ -2,8 +2,10 @@
 
 `load_run(path)` streams the JSONL with `metrics.read_jsonl` and keeps only what the charts use: per
 record its step, the known numeric fields, reward components as (mean, std), and every game reduced to
-an outcome (guesses used for a win, 0 for a loss). Unknown kinds and fields are ignored; a known field
-with the wrong type is a `UserError` naming the file, line and field. A `run` record with
+an outcome (guesses used for a win, 0 for a loss). Steps are `train` and `valid` records for SFT and GRPO alike;
+older SFT files wrote `sft` and `sft_valid`, read as `train` and `valid` (`storage.metrics.record_kind`), so old
+and new files plot the same, and the run record's `stage` tells an SFT run from a GRPO one. Unknown kinds and
+fields are ignored; a known field with the wrong type is a `UserError` naming the file, line and field. A `run` record with
 `resumed_from_step: S` drops earlier step records after S (the resumed run writes them again).
 `load_eval(path)` and `load_series(path)` build the per-input `Series` of `plot --compare`.
 """
@@ -17,17 +19,15 @@ from typing import Any
 
 from ..config import read_json_file
 from ..errors import UserError
-from ..metrics import read_jsonl
+from ..storage.metrics import OLD_KINDS, read_jsonl, record_kind
 from .stats import HISTOGRAM_KEYS, mean_guesses_on_wins, outcome_histogram, weighted_mean
 
-STEP_KINDS = ("train", "valid", "sft", "sft_valid")
-NUMERIC_FIELDS = {
+STEP_KINDS = ("train", "valid")
+NUMERIC_FIELDS = {   # GRPO's and SFT's (tokens, tokens_per_second; val_loss)
     "train": ("lr", "loss", "kl", "grad_norm", "reward_mean", "reward_std", "win_rate", "mean_guesses",
-              "format_error_rate", "invalid_rate", "repeat_rate", "skipped_group_share"),
-    "valid": ("win_rate", "win_rate_empty", "win_rate_seeded", "mean_guesses", "format_error_rate", "invalid_rate",
-              "repeat_rate"),
-    "sft": ("lr", "loss", "grad_norm", "tokens", "tokens_per_second"),
-    "sft_valid": ("val_loss", "win_rate", "format_error_rate"),
+              "format_error_rate", "invalid_rate", "repeat_rate", "skipped_group_share", "tokens", "tokens_per_second"),
+    "valid": ("val_loss", "win_rate", "win_rate_empty", "win_rate_seeded", "mean_guesses", "format_error_rate",
+              "invalid_rate", "repeat_rate"),
 }
 RATE_FIELDS = ("format_error_rate", "invalid_rate", "repeat_rate")
 
@@ -58,7 +58,7 @@ def parse_games(games: Any, where: str) -> list[int]:
 def _step_record(kind: str, record: dict, where: str) -> dict:
     step = record.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
-        raise UserError(f"{where}: {kind} record needs an integer 'step', got {json.dumps(step)}")
+        raise UserError(f"{where}: {record.get('kind')} record needs an integer 'step', got {json.dumps(step)}")
     kept: dict[str, Any] = {"step": step, "line": where}
     for name in NUMERIC_FIELDS[kind]:
         value = record.get(name)
@@ -89,7 +89,7 @@ class RunLog:
     name: str | None = None
     config_hash: str | None = None
     decode: str | None = None             # the run's decoding mode (GRPO runs record it)
-    stage: str | None = None
+    stage: str | None = None              # "sft" or "grpo", from the run record (an old SFT file: its kinds)
     resumes: int = 0
     records: dict[str, list[dict]] = field(default_factory=lambda: {kind: [] for kind in STEP_KINDS})
 
@@ -100,11 +100,16 @@ class RunLog:
         return self.outcomes("train")
 
     def valid_outcomes(self) -> list[int]:
-        """Validation games: `valid` passes, or the SFT quick game evals when there are none."""
-        return self.outcomes("valid") or self.outcomes("sft_valid")
+        """Validation games: GRPO's validation passes, or SFT's quick game evals."""
+        return self.outcomes("valid")
 
-    def valid_kind(self) -> str:
-        return "valid" if self.outcomes("valid") else "sft_valid"
+    @property
+    def is_sft(self) -> bool:
+        """An SFT run: its run record says so; without one, its steps carry SFT's fields (tokens/s, val_loss)."""
+        if self.stage is not None:
+            return self.stage == "sft"
+        return (any(rec.get("tokens_per_second") is not None for rec in self.records["train"])
+                or any(rec.get("val_loss") is not None for rec in self.records["valid"]))
 
     def series(self, kind: str, name: str) -> tuple[list[int], list[float]]:
         """(steps, values) of a numeric field, skipping records where it is missing or null."""
@@ -158,8 +163,11 @@ def load_run(path: str | Path) -> RunLog:
                 log.resumes += 1
                 for kind_records in log.records.values():
                     kind_records[:] = [rec for rec in kind_records if rec["step"] <= resumed]
-        elif kind in STEP_KINDS:
-            log.records[kind].append(_step_record(kind, record, where))
+        elif record_kind(record) in STEP_KINDS:
+            if kind in OLD_KINDS:       # only SFT wrote these
+                log.stage = log.stage or "sft"
+            step_kind = record_kind(record)
+            log.records[step_kind].append(_step_record(step_kind, record, where))
     if not kinds_seen:
         raise UserError(f"{path}: file is empty, nothing to plot")
     if not log.has_steps():
@@ -234,14 +242,14 @@ def series_from_eval(data: dict, label: str, where: str) -> Series:
 
 def series_from_run(log: RunLog, label: str | None) -> Series:
     """Its validation games (all passes, in order), or its train games when it has no validation games."""
-    kind = log.valid_kind() if log.valid_outcomes() else "train"
-    outcomes = log.valid_outcomes() if kind != "train" else log.train_outcomes()
+    kind = "valid" if log.valid_outcomes() else "train"
+    outcomes = log.outcomes(kind)
     if not outcomes:
-        raise UserError(f"{log.path}: no games to compare (no 'games' in train, valid or sft_valid records)")
+        raise UserError(f"{log.path}: no games to compare (no 'games' in train or valid records)")
     used = [rec for rec in log.records[kind] if rec.get("games")]
     rates = {name: weighted_mean([rec.get(name) for rec in used], [len(rec["games"]) for rec in used])
              for name in RATE_FIELDS}
-    which = {"train": "train games", "valid": "validation games", "sft_valid": "SFT validation games"}[kind]
+    which = f"{'SFT ' if log.is_sft else ''}{'validation' if kind == 'valid' else 'train'} games"
     name = log.name or log.path.parent.name
     return Series(label=label or name, histogram=outcome_histogram(outcomes), outcomes=outcomes, rates=rates,
                   footnote=f"run {name}, config {log.config_hash or 'unknown'} ({which})")
@@ -263,7 +271,7 @@ def read_eval_or_none(path: Path) -> dict | None:
         return None  # several JSON lines: treat as metrics JSONL (which reports bad lines by number)
     if isinstance(data, dict) and data.get("kind") == "eval":
         return data
-    if isinstance(data, dict) and data.get("kind") in ("run", *STEP_KINDS):
+    if isinstance(data, dict) and data.get("kind") in ("run", *STEP_KINDS, *OLD_KINDS):
         return None
     raise UserError(f"{path}: expected an eval JSON (\"kind\": \"eval\") or a metrics.jsonl, "
                     f"got {'kind ' + json.dumps(data.get('kind')) if isinstance(data, dict) else type(data).__name__}")

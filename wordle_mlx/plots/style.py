@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
-from ..fileio import atomic_path  # noqa: E402
+from ..storage.fileio import atomic_path  # noqa: E402
 from .stats import bucket_mean, centered_mean, is_noisy  # noqa: E402
 
 FIGSIZE = (8.0, 4.5)

@@ -27,53 +27,20 @@ import random
 import time
 from collections import Counter
 
-from pydantic import Field, field_validator
-
-from ..config import MODEL_SPEC_HELP, StrictModel, display_path, resolve_path
+from ..config import display_path, resolve_path
 from ..errors import UserError
 from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.splits import split_answers
-from ..game.state import MAX_GUESSES, check_guess
-from ..game.words import answers
+from ..game.state import MAX_GUESSES
 from ..llm.model.models import load_model
 from ..llm.play.candidate_scores import letter_logprobs, reply_logprobs, reply_token_ids
 from ..llm.play.prompts import PromptConfig, build_messages, choose_prompt, format_reply
-from ..llm.play.reply_grammar import DecodeMode, LetterGrammar, WordTrie, effective_mode
-from ..progress import console, progress_bar
-from .data import invalid_reply, write_checked_sft
-from .entropy import load_table
-
-
-class ChoiceConfig(StrictModel):
-    model: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
-    adapter: str | None = Field(None, description="LoRA adapter folder of the model whose choices label the data.")
-    dtype: str | None = Field(None, description="float32, bfloat16 or float16 (default: the model's).")
-    out: str = Field("data/self-play", description="Output folder for train.jsonl, valid.jsonl and stats.json.")
-    train_games: int | None = Field(None, ge=1, description="Train secrets played (None: the whole train split).")
-    valid_games: int | None = Field(None, ge=1, description="Valid secrets played (None: the whole valid split).")
-    traffic_cap: int = Field(8, ge=1, description="Each distinct example appears min(traffic, cap) times.")
-    retry_fraction: float = Field(0.1, ge=0, le=1, description="Share of distinct examples that also appear once "
-                                  "after a made-up invalid reply.")
-    prompt: PromptConfig | None = Field(None, description="Prompt settings (None: the adapter's, else the default).")
-    opener: str | None = Field(None, description="Label of the empty board, so every game's first guess (an answer "
-                               "word); None: the fitting answer the model scores highest, as on every other board.")
-    decode: DecodeMode = Field("grammar", description="How a candidate is scored: grammar, the log-probability of "
-                               "its 5 letters among the 26 letter tokens (grammar decoding's policy); words, of its 5 "
-                               "letters each among the letters that continue an allowed word off the board (words "
-                               "decoding's policy); free, of the whole reply over the vocabulary. Prompts with a "
-                               "think block or whole-word replies are scored free.")
-    score_chunk: int = Field(32, ge=1, description="Candidate replies scored per forward pass.")
-    seed: int = Field(0, ge=0, lt=2 ** 32, description="Which secrets are played and the retry examples.")
-    progress: bool = Field(True, description="Show progress bars.")
-
-    @field_validator("opener")
-    @classmethod
-    def _opener_is_an_answer(cls, word: str | None) -> str | None:
-        problem = None if word is None else check_guess(word, answers(), "answer list")
-        if problem:
-            raise ValueError(f"{problem} (the empty board's label must be a fitting answer)")
-        return word
+from ..llm.play.reply_grammar import LetterGrammar, WordTrie, effective_mode
+from ..llm.training.sft_data import invalid_reply, write_checked_sft
+from ..runtime.progress import console, progress_bar
+from .choice_config import ChoiceConfig
+from .pattern_table import load_table
 
 
 class ChoiceLabeler:

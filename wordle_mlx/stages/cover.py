@@ -18,7 +18,6 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -31,9 +30,9 @@ from ..game.solver import Solver
 from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
 from ..llm.play.prompts import PromptConfig, build_messages, format_reply
-from ..progress import console
-from .data import read_sft_jsonl, write_checked_sft
-from .entropy import load_table
+from ..runtime.progress import console
+from ..llm.training.sft_data import read_sft_jsonl, write_checked_sft
+from .pattern_table import load_table
 
 
 class CoverConfig(StrictModel):
@@ -46,7 +45,6 @@ class CoverConfig(StrictModel):
         "broad boards teach early guesses too."))
     seed: int = Field(0, ge=0, lt=2 ** 32, description="Shuffle of the merged train records.")
     progress: bool = Field(True, description="Show progress.")
-    REMOVED: ClassVar[dict[str, str]] = {"per_word": "one board per answer word; copies repeats it"}
 
 
 def read_folder(folder: Path) -> tuple[list[dict], list[dict], dict]:

@@ -9,8 +9,8 @@ is the teacher's, the best-splitting fitting answer (`Solver.best_candidate`), a
 its own example; `max_copies` caps how often one (prompt, target) example may occur (teacher games from the
 empty board would otherwise fill the data with the opener board). Secrets come from the fixed split (train for
 train, valid for valid; never test: asserted), every record is replayed through the engine before anything is
-written (`replay_problem`), and `stats.json` records counts, the history-length histogram, target length and
-the replay check. Output depends only on the config and the seed.
+written (`replay_problem` of `llm/training/sft_data.py`), and `stats.json` records counts, the history-length
+histogram, target length and the replay check. Output depends only on the config and the seed.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import functools
 import json
 import random
 from collections import Counter
-from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 from mlx_lm.utils import load_tokenizer
@@ -28,8 +26,7 @@ from pydantic import Field, model_validator
 
 from ..config import StrictModel, display_path, resolve_path
 from ..errors import UserError
-from ..fileio import write_json_atomic, write_text_atomic
-from ..game.entropy import PatternTable
+from ..storage.fileio import write_json_atomic, write_text_atomic
 from ..game.feedback import feedback
 from ..game.seeding import HistoryPolicy, seed_history
 from ..game.solver import Solver
@@ -38,23 +35,19 @@ from ..game.state import MAX_GUESSES
 from ..game.thinking import ThinkStyle, think_text
 from ..game.words import BUILTIN_LISTS
 from ..llm.model.models import resolve_model
-from ..llm.play.prompts import (NOT_A_WORD, NOT_FIVE_LETTERS, REPLY_ERRORS, PromptConfig, TurnText, build_messages,
-                                format_reply, parse_reply)
-from ..metrics import read_jsonl
-from ..progress import console, progress_bar
-from .entropy import load_table
+from ..llm.play.prompts import NOT_FIVE_LETTERS, PromptConfig, TurnText, build_messages, format_reply
+from ..llm.training.sft_data import invalid_reply, replay_problem
+from ..runtime.progress import console, progress_bar
+from .pattern_table import load_table
 
 
 # how seeded guesses are chosen (`seeding.HistoryPolicy`): solver, random and mistake shares, openers drawn from
 SEED_MIX = {"solver": 0.3, "random": 0.55, "mistake": 0.15, "opener_top": 50}
-FIXED_MIX = "the mix of seeded guesses is fixed (data.SEED_MIX); only history.k_weights remains"
 
 
 class HistoryConfig(StrictModel):
     """The seeded boards: P(k seeded guesses); the ways to choose them are `SEED_MIX`."""
     k_weights: list[float] = Field([0.5, 0.2, 0.15, 0.1, 0.05], description="P(k seeded guesses), k = 0, 1, ...")
-    REMOVED: ClassVar[dict[str, str]] = {"solver": FIXED_MIX, "random": FIXED_MIX, "mistake": FIXED_MIX,
-                                         "opener_top": FIXED_MIX}
 
     @model_validator(mode="after")
     def _valid_policy(self) -> "HistoryConfig":
@@ -91,10 +84,6 @@ class DataConfig(StrictModel):
     allowed_list: str = Field("allowed", description="'allowed', 'nyt' or a word-list file.")
     tokenizer: str | None = Field(None, description="Model spec whose tokenizer counts target tokens.")
     progress: bool = Field(True, description="Show progress bars.")
-    REMOVED: ClassVar[dict[str, str]] = {
-        "max_named": "a think text names 5 candidates (game/thinking.py MAX_NAMED)",
-        "candidate_threshold": "the teacher always plays the best-splitting fitting answer",
-        "turns_per_game": "the teacher plays every seeded game to its end"}
 
     @model_validator(mode="after")
     def _think_matches_prompt(self) -> "DataConfig":
@@ -103,24 +92,6 @@ class DataConfig(StrictModel):
         if self.retry_fraction > 0 and self.prompt.context != "summary":
             raise ValueError("retry_fraction > 0 needs prompt.context 'summary' (the error is noted in the state)")
         return self
-
-
-def invalid_reply(rng: random.Random, table: PatternTable) -> tuple[str, str]:
-    """A made-up invalid earlier reply (error kind, guess), the kinds a small model makes: a four- or
-    six-letter word, or five letters that are not a word. Built from a random allowed word, never from the
-    example's target, so the error message carries no hint of the answer."""
-    word = rng.choice(table.guesses)
-    kind = rng.random()
-    if kind < 0.4:
-        return NOT_FIVE_LETTERS, word[:4]
-    if kind < 0.6:
-        return NOT_FIVE_LETTERS, word + rng.choice("sdy")
-    while True:
-        letters = list(word)
-        rng.shuffle(letters)
-        if "".join(letters) not in table.guess_index:
-            return NOT_A_WORD, "".join(letters)
-        word = rng.choice(table.guesses)
 
 
 @functools.lru_cache(maxsize=2)
@@ -171,58 +142,6 @@ def sft_examples(secret: str, cfg: DataConfig, rng: random.Random, solver: Solve
         turns.append(TurnText(reply=reply, guess=guess, pattern=feedback(guess, secret)))
         guesses.append(guess)
     return out
-
-
-def replay_problem(record: dict, cfg: DataConfig, allowed: set[str], split: str, splits: dict[str, set[str]]) -> str | None:
-    """Why `record` does not replay through the engine (None when it does)."""
-    secret, guesses = record["meta"]["secret"], record["meta"]["history"]
-    if secret in splits["test"]:
-        return f"secret {secret!r} is a test word"
-    if secret not in splits[split]:
-        return f"secret {secret!r} is not in the {split} split"
-    if secret in guesses or len(guesses) >= MAX_GUESSES:
-        return "the seeded board is already over"
-    if any(g not in allowed for g in guesses):
-        return "history has a word that is not allowed"
-    history = [(g, feedback(g, secret)) for g in guesses]
-    messages = record["messages"]
-    seeded = record["meta"]["seeded"]
-    turns = []
-    for msg, g in zip([m for m in messages[:-1] if m["role"] == "assistant"], guesses[seeded:]):
-        parsed = parse_reply(msg["content"], cfg.prompt.require_think, allowed)
-        if parsed.guess != g:
-            return f"earlier reply plays {parsed.guess!r}, history says {g!r}"
-        turns.append(TurnText(reply=msg["content"], guess=g, pattern=feedback(g, secret)))
-    retry = record["meta"].get("retry_error")
-    if retry is not None and retry[0] not in REPLY_ERRORS:
-        return f"retry_error {retry} is not a reply error kind"
-    if retry is not None and retry[0] in (NOT_A_WORD, NOT_FIVE_LETTERS) and (
-            parse_reply(f"<think>x</think><guess>{retry[1]}</guess>", False, allowed).error != retry[0]):
-        return f"retry_error {retry} is not the error the engine would report"
-    last_error = tuple(retry) if retry is not None else None
-    if build_messages(cfg.prompt, history, turns, MAX_GUESSES, last_error=last_error) != messages[:-1]:
-        return "prompt does not match the board replayed against the secret"
-    target = parse_reply(messages[-1]["content"], cfg.prompt.require_think, allowed)
-    if target.error is not None:
-        return f"target reply error {target.error}"
-    if target.guess != record["meta"]["target"] or target.guess in guesses:
-        return f"target guess {target.guess!r} is not the recorded new guess"
-    return None
-
-
-def write_checked_sft(out: Path, data: dict[str, list[dict]], stats: dict, prompt: PromptConfig,
-                      allowed: set[str], splits: dict[str, set[str]], check=lambda record: True,
-                      think_style: ThinkStyle = "none") -> None:
-    """Replay-check every SFT record that `check` selects (as `data` does its own), then write each split's
-    JSONL and stats.json atomically; a record that fails is a bug, and nothing is written."""
-    cfg = DataConfig(think_style=think_style, prompt=prompt, progress=False)
-    problems = [f"{split} record {i}: {p}" for split, records in data.items() for i, r in enumerate(records, 1)
-                if check(r) and (p := replay_problem(r, cfg, allowed, split, splits))]
-    if problems:
-        raise AssertionError(f"{len(problems)} records failed the replay check; first: {problems[0]}")
-    for split, records in data.items():
-        write_text_atomic(out / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    write_json_atomic(out / "stats.json", stats)
 
 
 def make_split(split: str, n: int, cfg: DataConfig, solver: Solver, splits: dict[str, list[str]]) -> list[dict]:
@@ -324,7 +243,7 @@ def run(cfg: DataConfig) -> dict:
     problems = []
     for split, records in data.items():
         for i, record in enumerate(records, start=1):
-            problem = replay_problem(record, cfg, allowed, split, split_sets)
+            problem = replay_problem(record, cfg.prompt, allowed, split, split_sets)
             if problem:
                 problems.append(f"{split} record {i}: {problem}")
     if problems:  # a bug in generation, not bad input: never write such data
@@ -342,29 +261,3 @@ def run(cfg: DataConfig) -> dict:
         console.print(f"wrote {len(data['train'])} train + {len(data['valid'])} valid SFT records to "
                       f"{display_path(out)}")
     return {"out": display_path(out), **stats}
-
-
-# ----- reading SFT data back (used by `wordle-mlx sft`) -----
-
-ROLES = ("system", "user", "assistant")
-
-
-def read_sft_jsonl(path: str | Path) -> list[dict]:
-    """Chat records from an SFT JSONL file; a record with a wrong schema is a UserError naming its line."""
-    path = Path(path)
-    records = []
-    for lineno, record in read_jsonl(path):
-        messages = record.get("messages")
-        where = f"{path}:{lineno}"
-        if not isinstance(messages, list) or not messages:
-            raise UserError(f"{where}: expected a non-empty 'messages' list, got {json.dumps(messages)[:60]}")
-        for j, msg in enumerate(messages):
-            if not isinstance(msg, dict) or msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
-                raise UserError(f"{where}: messages[{j}] must be {{'role': system|user|assistant, 'content': str}}, "
-                                f"got {json.dumps(msg)[:60]}")
-        if messages[-1]["role"] != "assistant":
-            raise UserError(f"{where}: the last message must be the assistant target, got role {messages[-1]['role']!r}")
-        records.append(record)
-    if not records:
-        raise UserError(f"{path}: no records")
-    return records

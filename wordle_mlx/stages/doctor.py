@@ -16,9 +16,9 @@ from importlib import metadata
 import mlx.core as mx
 import numpy as np
 
-from ..blas import describe_blas
+from ..runtime.blas import describe_blas
 from ..config import StrictModel
-from ..progress import console
+from ..runtime.progress import console
 
 
 class DoctorConfig(StrictModel):

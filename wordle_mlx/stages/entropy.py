@@ -14,9 +14,8 @@ import numpy as np
 from rich.table import Table
 
 from ..config import StrictModel
-from ..game.entropy import PatternTable
-from ..game.words import guess_list, load_word_list
-from ..progress import console, progress_bar
+from ..runtime.progress import console
+from .pattern_table import load_table
 
 
 class EntropyConfig(StrictModel):
@@ -25,16 +24,6 @@ class EntropyConfig(StrictModel):
     allowed_list: str = "allowed"
     top: int = 10
     json_output: bool = False
-
-
-def load_table(answers_list: str = "answers", allowed_list: str = "allowed",
-               candidates: str = "answers", show_progress: bool = True) -> PatternTable:
-    """The cached pattern table of all guesses against the candidate set, with a progress bar while building."""
-    guesses = guess_list(answers_list, allowed_list)
-    cands = load_word_list(answers_list) if candidates == "answers" else guesses
-
-    return PatternTable.cached(
-        guesses, cands, progress_factory=lambda total: progress_bar("pattern matrix", total, enabled=show_progress))
 
 
 def run(cfg: EntropyConfig) -> dict:

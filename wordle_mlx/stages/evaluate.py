@@ -3,7 +3,8 @@
 The secrets are the first `games` words of a fixed split (`game/splits.py`, test by default, in the
 split's order). With `history="seeded"` each game starts from 0-4 earlier guesses drawn by
 `game/seeding.eval_board` (`seed_history` with `history_rng(seed, secret)`), so every game's board depends only on
-the seed and the secret. The model plays all games in lockstep with the rollout engine; the entropy
+the seed and the secret. The model plays all games in lockstep with the rollout engine (`llm/play/games.py`,
+the path SFT's and GRPO's validation play too); the entropy
 solver plays the same boards; with an adapter, the base model (adapter off) plays them too. The result
 (docs/METRICS.md "Eval JSON") has the win rate with its Wilson 95% interval, mean guesses on wins
 (seeded guesses included), the 1-6/lost histogram, error and behaviour rates and token throughput.
@@ -19,14 +20,11 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Literal
-
-from pydantic import Field
 from rich.table import Table
 
-from ..config import MODEL_SPEC_HELP, StrictModel, display_path, resolve_path
+from ..config import display_path, resolve_path
 from ..errors import UserError
-from ..fileio import write_json_atomic
+from ..storage.fileio import write_json_atomic
 from ..game.knowledge import is_consistent
 from ..game.seeding import eval_board
 from ..game.solver import Solver
@@ -35,27 +33,13 @@ from ..game.words import guess_list
 from ..llm.model.models import load_model
 from ..llm.play.prompts import FORMAT_ERRORS, NOT_A_WORD
 from ..llm.play.reply_grammar import untrained_free_warning
-from ..llm.play.rollout import GameSpec, RolloutConfig, decode_mode, play_games
-from ..progress import console, progress_bar
-from .entropy import load_table
+from ..llm.play.games import play_scored
+from ..llm.play.rollout import GameSpec, decode_mode
+from ..runtime.progress import console, progress_bar
+from .eval_config import EvalConfig
+from .pattern_table import load_table
 
 TIMING_KEYS = ("seconds", "tokens_per_second")
-
-
-class EvalConfig(StrictModel):
-    model: str = Field("builtin:gemma-3-270m", description=MODEL_SPEC_HELP)
-    adapter: str | None = Field(None, description="LoRA adapter folder.")
-    dtype: str | None = None
-    games: int = Field(200, ge=1, description="Play the first N words of the split.")
-    split: Literal["test", "valid", "train"] = "test"
-    history: Literal["none", "seeded"] = "none"
-    seed: int = Field(0, ge=0, lt=2 ** 32)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    baselines: bool = True
-    timeout: float | None = Field(None, gt=0, description="Seconds for the whole eval.")
-    out: str | None = None
-    json_output: bool = False
-    progress: bool = True
 
 
 def wilson_interval(wins: int, n: int, z: float = 1.959963984540054) -> list[float]:
@@ -135,8 +119,8 @@ def play_model(cfg: EvalConfig, specs: list[GameSpec], adapter: str | None, allo
     rollout = cfg.rollout.model_copy(update={"seed": cfg.seed})
     start = time.perf_counter()
     with progress_bar(label, len(specs), enabled=cfg.progress and not cfg.json_output) as advance:
-        episodes = play_games(model, tokenizer, specs, rollout, allowed, progress=advance, deadline=deadline)
-    boards = [episode_board(ep) for ep in episodes]
+        scored = play_scored(model, tokenizer, specs, rollout, allowed, progress=advance, deadline=deadline)
+    boards = [episode_board(ep) for ep in scored.episodes]
     return summarise(boards, time.perf_counter() - start), boards
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import Optional
 
 import mlx.core as mx
 import numpy as np
@@ -35,19 +35,18 @@ from pydantic import Field, field_validator
 
 from ..config import StrictModel, display_path, read_json_file, resolve_path
 from ..errors import UserError
-from ..fileio import atomic_path
+from ..storage.fileio import atomic_path
 from ..game.words import guess_list
 from ..llm.model.gguf_export import Vocab, folder_vocab, text_args, vocab_from_gguf, write_gguf
 from ..llm.model.gguf_import import bundled_gemma_270m_gguf
-from ..llm.model.models import BUILTIN_PREFIX, load_model, resolve_model
+from ..llm.model.models import BUILTIN_PREFIX, load_model, local_model_folder, resolve_model
 from ..llm.model.tiny_model import tiny_vocab
 from ..llm.model.tokenizer_build import GEMMA3_CHAT_TEMPLATE
 from ..llm.play.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
 from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
 from ..llm.play.reply_grammar import adapter_decoding, effective_mode
-from ..progress import console
+from ..runtime.progress import console
 from .export_files import STOP_PIECE, USAGE_SUFFIX, modelfile_text, usage_text
-from .fuse import local_model_folder
 from .precision import EXPORT_DTYPES, GGUF_TYPES, accepted_dtype
 
 DEFAULT_MODEL = "builtin:gemma-3-270m"
@@ -64,7 +63,6 @@ class ExportConfig(StrictModel):
     overwrite: bool = False
     ollama: Optional[bool] = None        # None: a Modelfile when the adapter can play free; True: required
     json_output: bool = False
-    RENAMED: ClassVar[dict[str, str]] = {"gguf_type": "dtype"}
 
     @field_validator("dtype")
     @classmethod

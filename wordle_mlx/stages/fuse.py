@@ -28,23 +28,17 @@ from pathlib import Path
 import mlx.core as mx
 import mlx_lm
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.utils import dequantize_model, hf_repo_to_path, load_config as load_model_config, save
+from mlx_lm.utils import dequantize_model, load_config as load_model_config, save
 from pydantic import Field, field_validator
 
 from ..config import StrictModel, display_path
 from ..errors import UserError
 from ..llm.model.cpu_kernels import use_fast_gelu
 from ..llm.model.fuse_bounds import logits_limit, unit_roundoff, weight_error
-from ..llm.model.models import load_model, resolve_model
+from ..llm.model.lora import lora_disabled
+from ..llm.model.models import load_model, local_model_folder, resolve_model
 from ..llm.play.prompts import PromptConfig, build_messages
-from ..llm.training.grpo_loss import lora_disabled
 from .precision import FUSE_DTYPES, accepted_dtype
-
-
-def local_model_folder(location: Path | str) -> Path:
-    """The folder of a model `resolve_model` located: a local folder as it is, a Hub id's downloaded snapshot
-    (the loader fetched it already, so this does not download)."""
-    return Path(location) if Path(location).exists() else hf_repo_to_path(str(location))
 
 
 def use_fast_gelu_like(fresh, loaded_by_us):

@@ -3,9 +3,9 @@
 `rl` sets how a step plays and learns: B boards a step (a train-split secret and a board seeded with 0-4 earlier
 guesses, drawn by `k_weights`), G sampled replies to each board of each game at `temperature` (the group, which
 the greedy reply joins as member G + 1 while the game goes on with it), the KL weight `beta`, and the micro-batch
-sizes of the update. `reward` weighs the per-reply components of `game/rewards.py` against a win, worth 1.
-Defaults are the 270M recipe's GRPO stage. Every section forbids unknown keys, so a misspelt field is a one-line
-error naming the file and the field.
+size of the update (padded tokens; a pass scores at most an eighth of them, `LOSS_TOKENS_DIVISOR`). `reward`
+weighs the per-reply components of `game/rewards.py` against a win, worth 1. Defaults are the 270M recipe's GRPO
+stage. Every section forbids unknown keys, so a misspelt field is a one-line error naming the file and the field.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from pydantic import Field, model_validator
 from ..config import StrictModel
 from ..game.rewards import RewardWeights
 from ..game.seeding import HistoryPolicy
-from .train_config import COMMON_REMOVED, COMMON_RENAMED, ModelSection, OptimizerSection, RunSection, TrainConfig, ValidationSection
+from .train_config import ModelSection, OptimizerSection, RunSection, TrainConfig, ValidationSection
 
 
 ROLLOUT_BATCH = 128         # replies decoded together: the recipe step's 8 x (8 + 1) in one lockstep batch
+LOSS_TOKENS_DIVISOR = 8     # a pass of the update scores at most 1/8 of its padded tokens: 256 logit rows of 2048
 
 
 class RLSection(StrictModel):
@@ -30,8 +31,14 @@ class RLSection(StrictModel):
     beta: float = Field(0.0, ge=0, description="KL weight to the reference policy, the model with LoRA switched off.")
     k_weights: list[float] = Field([0.7, 0.1, 0.1, 0.1], description="P(k seeded guesses on a step's board), "
                                    "k = 0, 1, ...")
-    max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass.")
-    max_loss_tokens_per_microbatch: int = Field(256, ge=1, description="Reply tokens per pass (each a logit row).")
+    max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass of the "
+                                           "update; its reply tokens, each a logit row over the vocabulary, are capped "
+                                           "at an eighth of it (256 of 2048). Lower it to save memory.")
+
+    @property
+    def max_loss_tokens_per_microbatch(self) -> int:
+        """Reply tokens (logit rows) per pass of the update: max_tokens_per_microbatch / LOSS_TOKENS_DIVISOR."""
+        return self.max_tokens_per_microbatch // LOSS_TOKENS_DIVISOR
 
     @model_validator(mode="after")
     def _check_k_weights(self) -> "RLSection":
@@ -85,28 +92,6 @@ class GRPOValidation(ValidationSection):
 
 class GRPOConfig(TrainConfig):
     STAGE: ClassVar[str] = "grpo"
-    RENAMED: ClassVar[dict[str, str]] = {
-        **COMMON_RENAMED, **{f"training.{k}": v for k, v in COMMON_RENAMED.items() if "." not in k},
-        "training.optimizer": "optimizer.name", "training.batch_prompts": "rl.batch_prompts",
-        "training.max_tokens_per_microbatch": "rl.max_tokens_per_microbatch",
-        "training.max_loss_tokens_per_microbatch": "rl.max_loss_tokens_per_microbatch",
-        "rl.decode": "decode", "rl.max_completion_tokens": "max_tokens", "grpo.beta": "rl.beta",
-        "prompts.k_weights": "rl.k_weights"}
-    REMOVED: ClassVar[dict[str, str]] = {
-        **COMMON_REMOVED, **{f"training.{k}": v for k, v in COMMON_REMOVED.items() if "." not in k},
-        "training.max_nonfinite_in_a_row": "a run stops after 3 non-finite steps in a row",
-        "rl.mode": "GRPO samples G replies to each board of a game (the old turn mode)",
-        "rl.turn_continue": "the game goes on with the greedy reply",
-        "rl.train_greedy": "the greedy reply always joins its group",
-        "rl.max_invalid_replies": "a game ends at the third invalid reply, as in eval",
-        "rl.completion_batch_size": "a step's replies decode in batches of 128",
-        "rl.prompt": "GRPO plays the prompt model.adapter records (the default prompt without one)",
-        "grpo.advantage": "advantages are (r - mean) / std in a group",
-        "rl.scale_rewards": "advantages are divided by their group's reward std",
-        "validation.keep": "validation keeps the best adapter",
-        "reward.win": "a win is the unit (1) the other weights are measured in",
-        "reward.length": "no recipe used it (0)",
-        "reward.win_over": "a win is scored on the game's secret"}
     model: GRPOModel = Field(default_factory=GRPOModel)
     optimizer: GRPOOptimizer = Field(default_factory=GRPOOptimizer)
     run: GRPORun = Field(default_factory=GRPORun)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import ClassVar, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
@@ -21,7 +21,7 @@ from ..llm.model.gguf_import import bundled_gemma_270m_gguf, import_gguf
 from ..llm.model.models import (BUILTIN_PREFIX, BUILTINS, building_dir, check_dtype, describe_model_dir,
                                 resolve_model)
 from ..llm.model.tiny_model import make_tiny_model_dir
-from ..progress import console
+from ..runtime.progress import console
 from .precision import IMPORT_DTYPES, QUANT_BITS, accepted_dtype
 
 
@@ -32,7 +32,6 @@ class ModelImportConfig(StrictModel):
                                  "bfloat16 with Metal); the vocabulary of `stages/precision.py`.")
     q_group_size: Literal[32, 64, 128] = 64
     json_output: bool = False
-    RENAMED: ClassVar[dict[str, str]] = {"q_bits": "dtype"}
 
     @field_validator("dtype")
     @classmethod

@@ -23,9 +23,10 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..config import resolve_path
-from .. import memory_plan as mp
+from ..planning import memory as mp
 from ..game.splits import split_answers
 from ..game.words import answers
+from ..storage.metrics import record_kind
 from . import choice, evaluate, grpo, plan, sft
 
 
@@ -42,7 +43,7 @@ def training_run(cfg, root: Path) -> tuple[float, int, str]:
         update["data"] = cfg.data.model_copy(update={"folder": str(resolve_path(cfg, cfg.data.folder))})
     (sft if cfg.STAGE == "sft" else grpo).run(cfg.model_copy(update=update))
     records = [json.loads(line) for line in (root / "measure" / "metrics.jsonl").read_text().splitlines()]
-    second = [r for r in records if r.get("kind") == ("sft" if cfg.STAGE == "sft" else "train")][-1]
+    second = [r for r in records if record_kind(r) == "train"][-1]
     seconds = (second["tokens"] / second["tokens_per_second"] if cfg.STAGE == "sft"
                else second["rollout_seconds"] + second["update_seconds"])
     return seconds, cfg.run.steps, "step"

@@ -27,8 +27,8 @@ from ..game.words import answers, guess_list
 from ..llm.model.models import load_model
 from ..llm.play.prompts import error_message, parse_reply
 from ..llm.play.rollout import GameSpec, RolloutConfig, play_games, prompt_token_ids, sample_replies
-from ..progress import console
-from .entropy import load_table
+from ..runtime.progress import console
+from .pattern_table import load_table
 
 
 class PlayConfig(StrictModel):

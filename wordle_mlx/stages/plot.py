@@ -19,8 +19,8 @@ from pydantic import Field
 
 from ..config import StrictModel, display_path, resolve_path
 from ..errors import UserError
-from ..fileio import atomic_path
-from ..progress import console
+from ..storage.fileio import atomic_path
+from ..runtime.progress import console
 from ..plots.charts import RUN_CHARTS
 from ..plots.compare import compare_cumulative_chart, compare_distribution_chart
 from ..plots.runlog import Series, load_run, load_series

@@ -1,40 +1,40 @@
-"""`wordle-mlx sft`: LoRA supervised fine-tuning on the teacher's data, in the shared training loop.
+"""`wordle-mlx sft`: LoRA supervised fine-tuning on the teacher's data, with the shared trainer.
 
 Reads `train.jsonl`/`valid.jsonl` from `wordle-mlx data`, renders each record with the tokenizer's chat template
 (exactly what the rollout engine feeds the model) and trains LoRA adapters (mlx-lm's layers; the base is frozen):
 cross-entropy on assistant tokens only, projected onto the vocabulary only at those positions
 (`llm/training/sft_loss.py`), one batch of length-sorted examples a step, drawn in a fresh shuffled order every
-epoch. `decode` picks the loss: the full loss (free), the reply's letters as choices among the 26 letter tokens
-(grammar), or among the letters that continue an allowed word off the board (words), with `train_free` adding the
-full loss of every reply token; the adapter records which, and eval, play and export default to it. Every
-`validation.every` steps it logs the validation loss and plays `validation.games` valid-split games. The run
-folder, checkpoints, resume, metrics and stop signals are the shared loop's (`llm/training/trainer.py`); a
-checkpoint carries the data position, and the dropout RNG is re-seeded from (seed, step) every step, so a
-resumed run computes what an uninterrupted one would.
+epoch (`SFTBatches`, the iterator the trainer steps through). `decode` picks the loss: the full loss (free), the
+reply's letters as choices among the 26 letter tokens (grammar), or among the letters that continue an allowed
+word off the board (words), with `train_free` adding the full loss of every reply token; the adapter records which,
+and eval, play and export default to it. Every `validation.every` steps it logs the validation loss and plays
+`validation.games` valid-split words greedily (`llm/play/games.py`, as eval and GRPO do). The run folder,
+checkpoints, resume, metrics and stop signals are the trainer's (`llm/training/trainer.py`); a checkpoint carries
+the data position, and the dropout RNG is re-seeded from (seed, step) every step, so a resumed run computes what
+an uninterrupted one would.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_map
 
 from ..config import display_path, read_json_file, resolve_path
 from ..errors import UserError
 from ..game.splits import split_words
 from ..game.words import guess_list
-from ..llm.play.prompts import FORMAT_ERRORS, PromptConfig, system_prompt
-from ..llm.play.rollout import GameSpec, RolloutConfig, play_games
-from ..llm.training.distributed import init_world, interleave
+from ..llm.play.games import validation_record
+from ..llm.play.prompts import PromptConfig, system_prompt
+from ..llm.play.rollout import GameSpec, RolloutConfig
+from ..llm.training.distributed import init_world
 from ..llm.training.policy import load_policy, start_adapter
+from ..llm.training.run_folder import open_run, saved_config
 from ..llm.training.sft_loss import LetterLoss, SFTBatch, letter_loss, loss_sum, make_batch
-from ..llm.training.trainer import Task, apply_update, make_optimizer, open_run, train
-from .data import read_sft_jsonl
-from .plan import warn_if_over_working_set
+from ..llm.training.trainer import Batch, TrainingArgs, make_optimizer, train
+from ..llm.training.sft_data import read_sft_jsonl
+from ..planning.stage_plan import warn_if_over_working_set
 from .sft_config import SFTConfig
 
 
@@ -60,19 +60,18 @@ def with_boards(seqs: list[tuple], records: list[dict]) -> list[tuple]:
     return out
 
 
-def make_batches(seqs: list[tuple], cfg: SFTConfig, world=None, letters: LetterLoss | None = None
-                 ) -> list[SFTBatch | None]:
+def make_batches(seqs: list[tuple], batch_size: int, pad_to: int, max_seq_length: int, world=None,
+                 letters: LetterLoss | None = None) -> list[SFTBatch | None]:
     """Length buckets: examples sorted by length, cut into batches of `batch_size` (the last may be smaller).
     With several ranks each global batch is split: a rank keeps its examples rank, rank + size, ... of it
     (None when a short last batch leaves it none). `letters`: the grammar or words loss."""
     rank, size = (world.rank, world.size) if world is not None else (0, 1)
     order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i][0]), i))
-    size_ = cfg.data.batch_size
-    shares = [order[s:s + size_][rank::size] for s in range(0, len(order), size_)]
+    shares = [order[s:s + batch_size][rank::size] for s in range(0, len(order), batch_size)]
     extra = {} if letters is None else {"letter_ids": letters.letter_ids, "trie": letters.trie,
                                         "train_free": letters.train_free}
     return [make_batch([(*seqs[i][:2], seqs[i][2] if len(seqs[i]) > 2 and seqs[i][2] else ()) for i in mine],
-                       cfg.data.pad_to, cfg.data.max_seq_length, True, **extra) if mine else None for mine in shares]
+                       pad_to, max_seq_length, True, **extra) if mine else None for mine in shares]
 
 
 def batch_at(position: int, n_batches: int, seed: int) -> int:
@@ -81,24 +80,37 @@ def batch_at(position: int, n_batches: int, seed: int) -> int:
     return int(np.random.default_rng([seed, epoch]).permutation(n_batches)[offset])
 
 
-def mean_gradient(model, loss_and_grad, batches: list[SFTBatch | None], world=None):
-    """(gradient of the token-mean loss, summed loss, target tokens, tokens) over `batches` on every rank:
-    gradient and loss *sums* are all-reduced and divided once by the global target count, which equals
-    the one-process gradient on the union of the ranks' examples. A None batch contributes nothing."""
-    grads, total, count, length = None, 0.0, 0.0, 0
-    for b in batches:
-        if b is None:                    # this rank has no example in a short last batch
-            continue
-        (s, n), g = loss_and_grad(model, *b.loss_args())
-        grads = g if grads is None else tree_map(mx.add, grads, g)
-        mx.eval(grads, s, n)
-        total, count, length = total + s.item(), count + n.item(), length + b.length
-    if grads is None:
-        grads = tree_map(mx.zeros_like, model.trainable_parameters())
-    if world is not None:
-        grads = world.sum_tree(grads)
-        total, count, length = world.sum_floats([total, count, length])
-    return tree_map(lambda x: x / count, grads), total, count, int(length)
+class SFTBatches:
+    """The trainer's data: one batch a step (`batch_at`), with every rank's target tokens as its count. Before
+    each step it seeds MLX's RNG from (seed, step, rank), so dropout masks differ per rank and a resumed run draws
+    what an uninterrupted one would; its state is the data position."""
+
+    def __init__(self, batches: list[SFTBatch | None], seed: int, world):
+        self.batches, self.seed, self.world, self.position = batches, seed, world, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        step = self.position + 1
+        mx.random.seed(self.seed * 1_000_003 + step + self.world.rank * 15_485_863)
+        batch = self.batches[batch_at(self.position, len(self.batches), self.seed)]
+        self.position += 1
+        count, length = self.world.sum_floats([batch.tokens, batch.length] if batch is not None else [0, 0])
+        return Batch([batch.loss_args()] if batch is not None else [], count,
+                     {"tokens": int(length), "target_tokens": int(count)})
+
+    def state(self) -> dict:
+        return {"data_position": self.position}
+
+    def restore(self, state: dict) -> None:
+        self.position = int(state["data_position"])
+
+
+def sft_loss(model, *args):
+    """The trainer's loss: the summed cross-entropy of a batch (the trainer divides by its target tokens)."""
+    total, _count = loss_sum(model, *args)
+    return total, {}
 
 
 def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
@@ -113,30 +125,13 @@ def evaluate_loss(model, batches: list[SFTBatch], world=None) -> float:
     return total / max(count, 1.0)
 
 
-def game_eval(model, tokenizer, cfg: SFTConfig, prompt: PromptConfig, world) -> dict:
-    """Play the first validation.games valid-split words greedily: words decoding after a words loss, else
-    grammar decoding (where the prompt's format allows it)."""
-    specs = [GameSpec(secret=w) for w in world.shard(split_words("valid")[: cfg.validation.games])]
-    words = {"decode": "words"} if cfg.decode == "words" else {}
-    rcfg = RolloutConfig(prompt=prompt, max_tokens_per_turn=cfg.max_tokens, **words)
-    episodes = play_games(model, tokenizer, specs, rcfg, set(guess_list())) if specs else []
-    model.train()
-    turns = [t for e in episodes for t in e.turns]
-    parts = world.gather_json({"won": [e.won for e in episodes], "games": [e.outcome() for e in episodes],
-                               "format_errors": [t.error in FORMAT_ERRORS for t in turns]}, "all_gather of eval games")
-    won, errors = [w for p in parts for w in p["won"]], [f for p in parts for f in p["format_errors"]]
-    return {"win_rate": float(np.mean(won)),
-            "format_error_rate": float(np.mean(errors)) if errors else 0.0,
-            "games": interleave([p["games"] for p in parts])}
-
-
-def load_data(cfg: SFTConfig):
-    folder = Path(display_path(resolve_path(cfg, cfg.data.folder).resolve()))   # messages name it as the user would
+def load_data(folder: Path, with_valid: bool):
+    """(train records, valid records, the prompt the data was made with) of a `wordle-mlx data` folder."""
     train = read_sft_jsonl(folder / "train.jsonl")
-    valid = read_sft_jsonl(folder / "valid.jsonl") if cfg.validation.every else []
+    valid = read_sft_jsonl(folder / "valid.jsonl") if with_valid else []
     stats = folder / "stats.json"
     if stats.is_file():
-        return folder, train, valid, PromptConfig(**read_json_file(stats)["prompt"])
+        return train, valid, PromptConfig(**read_json_file(stats)["prompt"])
     # No stats.json: the adapter will record the default prompt, so data made with another one would be played
     # with the wrong prompt afterwards (every reply a format error). Say so instead of training on.
     prompt = PromptConfig()
@@ -147,77 +142,72 @@ def load_data(cfg: SFTConfig):
             raise UserError(f"{stats}: missing, and {folder / 'train.jsonl'} record {lineno} has the system prompt "
                             f"{system[:70]!r}, not the default prompt's; copy stats.json (its 'prompt' is saved with "
                             f"the adapter) from the folder this data was made from")
-    return folder, train, valid, prompt
+    return train, valid, prompt
 
 
-def prepare_batches(cfg: SFTConfig, tokenizer, prompt: PromptConfig, data_dir: Path, train_records: list,
-                    valid_records: list, world) -> tuple[list, list, bool]:
-    """(this rank's train batches, its validation batches, whether any rank has validation batches)."""
+def prepare_batches(data, decode: str, train_free: bool, valid_batches: int, tokenizer, prompt: PromptConfig,
+                    data_dir: Path, train_records: list, valid_records: list, world) -> tuple[list, list]:
+    """(this rank's train batches, its validation batches); `data` is the config's data section."""
     train_seqs = with_boards(tokenize(train_records, tokenizer, data_dir / "train.jsonl"), train_records)
-    letters = letter_loss(cfg.decode, cfg.train_free, tokenizer, prompt, train_seqs, data_dir / "train.jsonl")
+    letters = letter_loss(decode, train_free, tokenizer, prompt, train_seqs, data_dir / "train.jsonl")
     valid_seqs = with_boards(tokenize(valid_records, tokenizer, data_dir / "valid.jsonl"), valid_records)
     if letters is not None and valid_seqs:
-        letter_loss(cfg.decode, cfg.train_free, tokenizer, prompt, valid_seqs, data_dir / "valid.jsonl")
-    valid = make_batches(valid_seqs, cfg, None, letters) if valid_records else []
-    if cfg.validation.batches and cfg.validation.batches < len(valid):
+        letter_loss(decode, train_free, tokenizer, prompt, valid_seqs, data_dir / "valid.jsonl")
+    shape = (data.batch_size, data.pad_to, data.max_seq_length)
+    valid = make_batches(valid_seqs, *shape, None, letters) if valid_records else []
+    if valid_batches and valid_batches < len(valid):
         # batches are sorted by length: take them evenly across lengths, not just the shortest (empty boards)
-        picks = np.unique(np.linspace(0, len(valid) - 1, cfg.validation.batches).round().astype(int))
+        picks = np.unique(np.linspace(0, len(valid) - 1, valid_batches).round().astype(int))
         valid = [valid[i] for i in picks]
-    return make_batches(train_seqs, cfg, world, letters), world.shard(valid), bool(valid)
+    return make_batches(train_seqs, *shape, world, letters), world.shard(valid)
 
 
-def sft_task(cfg: SFTConfig, model, tokenizer, optimizer, prompt: PromptConfig, batches: tuple, world) -> Task:
-    """One SFT step: the next batch's token-mean cross-entropy gradient, all-reduced over the ranks."""
-    train_batches, valid_batches, has_valid = batches
-    loss_and_grad = nn.value_and_grad(model, loss_sum)
-    data = {"data_position": 0}
+def sft_evaluate(model, tokenizer, valid_batches: list, games: int, rollout: RolloutConfig, world):
+    """The validation of a step: the loss on the validation batches, and `games` valid-split words played."""
+    specs = {"empty": [GameSpec(w) for w in split_words("valid")[:games]]}
+    has_loss = bool(world.sum_floats([len(valid_batches)])[0])
 
-    def step(at: int) -> dict:
-        mx.random.seed(cfg.run.seed * 1_000_003 + at + world.rank * 15_485_863)   # dropout masks differ per rank
-        start = time.perf_counter()
-        batch = train_batches[batch_at(data["data_position"], len(train_batches), cfg.run.seed)]
-        data["data_position"] += 1
-        grads, total, count, length = mean_gradient(model, loss_and_grad, [batch], world)
-        loss = total / count
-        grad_norm, applied = apply_update(model, optimizer, grads, cfg.optimizer.max_grad_norm, loss)
-        seconds = time.perf_counter() - start
-        return {"loss": loss, "grad_norm": grad_norm, "applied": applied, "tokens": length,
-                "target_tokens": int(count), "tokens_per_second": length / seconds,
-                "peak_memory_gb": mx.get_peak_memory() / 1e9}
-
-    def validate(at: int) -> dict | None:
-        if not (has_valid or cfg.validation.games):
+    def evaluate(step: int) -> dict | None:
+        if not (has_loss or games):
             return None
         record = {}
-        if has_valid:
+        if has_loss:
             model.eval()
             record["val_loss"] = evaluate_loss(model, valid_batches, world)
-            model.train()
-        if cfg.validation.games:
-            record.update(game_eval(model, tokenizer, cfg, prompt, world))
+        if games:
+            record.update(validation_record(model, tokenizer, specs, rollout, set(guess_list()), world))
+        model.train()
         return record
 
-    def restore(state: dict) -> None:
-        data["data_position"] = int(state["data_position"])
-
-    model.train()
-    return Task(kinds=("sft", "sft_valid"), step=step, validate=validate, state=lambda: dict(data), restore=restore,
-                info=lambda r: f"loss {r['loss']:.3f}  {r['tokens_per_second']:.0f} tok/s")
+    return evaluate
 
 
 def run(cfg: SFTConfig) -> dict:
     world = init_world()                 # under mlx.launch: this rank's share of every batch; else a group of one
     world.check_divisible(cfg.data.batch_size, "data.batch_size")
     run_dir = open_run(cfg, world)          # a run folder in the way is refused before anything loads
-    data_dir, train_records, valid_records, prompt = load_data(cfg)
-    model, tokenizer, adapter_cfg, trainable = load_policy(cfg, prompt, cfg.decode, cfg.train_free)
+    data_dir = Path(display_path(resolve_path(cfg, cfg.data.folder).resolve()))   # messages name it as the user would
+    train_records, valid_records, prompt = load_data(data_dir, bool(cfg.validation.every))
+    model, tokenizer, adapter_cfg, trainable = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg),
+                                                           prompt, cfg.decode, cfg.train_free)
     if world.is_main:
         warn_if_over_working_set("sft", cfg)     # one line on stderr when the plan exceeds this machine's memory
-    batches = prepare_batches(cfg, tokenizer, prompt, data_dir, train_records, valid_records, world)
+    train_batches, valid_batches = prepare_batches(cfg.data, cfg.decode, cfg.train_free, cfg.validation.batches,
+                                                   tokenizer, prompt, data_dir, train_records, valid_records, world)
     optimizer, schedule = make_optimizer(cfg.optimizer, cfg.run.steps)
-    task = sft_task(cfg, model, tokenizer, optimizer, prompt, batches, world)
-    task.run_fields = {"trainable_parameters": trainable, "train_batches": len(batches[0])}
-    task.saved_paths = {"data.folder": data_dir, "model.adapter": start_adapter(cfg)}
-    task.describe = (f"{len(train_records)} examples in {len(batches[0])} batches, {trainable / 1e6:.2f}M "
-                     "trainable parameters")
-    return train(cfg, task, run_dir, model, optimizer, schedule, adapter_cfg, world)
+    rollout = RolloutConfig(prompt=prompt, max_tokens_per_turn=cfg.max_tokens,
+                            **({"decode": "words"} if cfg.decode == "words" else {}))
+    args = TrainingArgs(
+        steps=cfg.run.steps, run_dir=run_dir, adapter_config=adapter_cfg, stage=cfg.STAGE,
+        config=saved_config(cfg, run_dir, {"data.folder": data_dir, "model.adapter": start_adapter(cfg)}),
+        max_grad_norm=cfg.optimizer.max_grad_norm, steps_per_eval=cfg.validation.every,
+        steps_per_save=cfg.run.save_every, resume=cfg.run.resume is not None, progress=cfg.run.progress,
+        report_to=cfg.run.report_to, schedule=schedule,
+        describe=f"{len(train_records)} examples in {len(train_batches)} batches, {trainable / 1e6:.2f}M trainable "
+                 "parameters",
+        progress_text=lambda r: f"loss {r['loss']:.3f}  {r['tokens_per_second']:.0f} tok/s",
+        run_fields={"trainable_parameters": trainable, "train_batches": len(train_batches)})
+    model.train()
+    evaluate = sft_evaluate(model, tokenizer, valid_batches, cfg.validation.games, rollout, world)
+    return train(model, optimizer, sft_loss, SFTBatches(train_batches, cfg.run.seed, world), args, evaluate,
+                 world=world)

@@ -13,8 +13,7 @@ from pydantic import Field
 
 from ..config import StrictModel
 from ..llm.play.reply_grammar import DecodeMode
-from .train_config import (COMMON_REMOVED, COMMON_RENAMED, ModelSection, OptimizerSection, RunSection, TrainConfig,
-                           ValidationSection)
+from .train_config import OptimizerSection, RunSection, TrainConfig, ValidationSection
 
 
 class SFTData(StrictModel):
@@ -46,15 +45,6 @@ class SFTRun(RunSection):
 
 class SFTConfig(TrainConfig):
     STAGE: ClassVar[str] = "sft"
-    RENAMED: ClassVar[dict[str, str]] = {
-        **COMMON_RENAMED, "model": "model.name", "data": "data.folder", "batch_size": "data.batch_size",
-        "max_seq_length": "data.max_seq_length", "pad_to": "data.pad_to", "valid_every": "validation.every",
-        "valid_batches": "validation.batches", "grammar_loss": "decode (true: decode \"grammar\")",
-        "train_tags": "train_free (which trains every reply token over the vocabulary, not the tags alone)"}
-    REMOVED: ClassVar[dict[str, str]] = {
-        **COMMON_REMOVED, "grad_accumulation": "no recipe used it (1); raise data.batch_size",
-        "share_prefix": "the shared start of a batch always runs once"}
-    model: ModelSection = Field(default_factory=ModelSection)
     optimizer: SFTOptimizer = Field(default_factory=SFTOptimizer)
     run: SFTRun = Field(default_factory=SFTRun)
     decode: DecodeMode = Field("free", description=(

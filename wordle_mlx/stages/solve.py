@@ -17,8 +17,8 @@ from ..game.feedback import feedback
 from ..game.solver import Solver
 from ..game.tiles import tiles
 from ..game.words import check_word
-from ..progress import console
-from .entropy import load_table
+from ..runtime.progress import console
+from .pattern_table import load_table
 
 
 class SolveConfig(StrictModel):

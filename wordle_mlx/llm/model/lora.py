@@ -30,8 +30,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from ...errors import UserError
-from ...fileio import publish_dir, write_json_atomic, write_text_atomic
-from ..play.prompts import ADAPTER_PROMPT_KEY
+from ...storage.fileio import publish_dir, write_json_atomic, write_text_atomic
 
 ADAPTER_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -47,14 +46,11 @@ def lora_parameters(rank: int, scale: float, dropout: float, keys: list[str] | N
     return params
 
 
-def adapter_config(num_layers: int, params: dict, base_model: str, prompt: dict | None = None) -> dict:
-    """The adapter_config.json content mlx-lm expects (extra keys are ignored by mlx-lm), plus the base model
-    and the prompt settings the adapter was trained with (`prompts.ADAPTER_PROMPT_KEY`), so eval, play and
-    GRPO show it the prompts it knows."""
-    cfg = {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params, "base_model": base_model}
-    if prompt is not None:
-        cfg[ADAPTER_PROMPT_KEY] = prompt
-    return cfg
+def adapter_config(num_layers: int, params: dict, base_model: str) -> dict:
+    """The adapter_config.json content mlx-lm expects, plus the base model for our own mismatch check. mlx-lm
+    ignores extra keys: the trainer adds the prompt settings the adapter was trained with
+    (`prompts.ADAPTER_PROMPT_KEY`, `policy.py`), so eval, play and GRPO show it the prompts it knows."""
+    return {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params, "base_model": base_model}
 
 
 def apply_lora(model, num_layers: int, params: dict) -> int:
@@ -242,3 +238,17 @@ def load_checkpoint(folder: str | Path, model, optimizer) -> dict:
         _set_path(optimizer.state, key.split("."), value.astype(current[key].dtype))
     mx.eval(model.parameters(), optimizer.state)
     return state
+
+
+@contextlib.contextmanager
+def lora_disabled(model) -> Iterator[int]:
+    """Run the base model: every LoRA layer's scale is 0 inside the block (yields how many were switched off)."""
+    layers = [m for _, m in model.named_modules() if hasattr(m, "lora_a") and hasattr(m, "scale")]
+    saved = [m.scale for m in layers]
+    try:
+        for m in layers:
+            m.scale = 0.0
+        yield len(layers)
+    finally:
+        for m, s in zip(layers, saved):
+            m.scale = s

@@ -3,11 +3,11 @@
 A model spec is one of: `builtin:tiny-random` (a tiny random Gemma 3 for tests), `builtin:gemma-3-270m`
 (Gemma 3 270M imported from the bundled GGUF), a `.gguf` file (imported once, cached by path, size and
 mtime), a local mlx-lm model folder, or a Hugging Face repo id such as `mlx-community/gemma-3-4b-it-bf16`
-(downloaded by mlx-lm). Built and imported folders live in the user cache (`fileio.cache_dir("models")`)
-and are built in a temporary sibling folder, then renamed into place, so a crash never leaves a
-half-written model. `load_model` loads with mlx-lm's own loader (and its LoRA adapter loader), and on CPU
-casts half-precision weights to float32, since bf16/fp16 matmuls are far slower there (a loaded adapter's
-LoRA weights are float32 in every dtype: `lora.lora_to_float32`), and switches
+(downloaded with the files mlx-lm's loader fetches: `download_model`). Built and imported folders live in the
+user cache (`fileio.cache_dir("models")`) and are built in a temporary sibling folder, then renamed into place,
+so a crash never leaves a half-written model. `load_model` loads with mlx-lm's own loader (and its LoRA adapter
+loader), and on CPU casts half-precision weights to float32, since bf16/fp16 matmuls are far slower there (a
+loaded adapter's LoRA weights are float32 in every dtype: `lora.lora_to_float32`), and switches
 Gemma 3's GELU to the CPU-friendly form of `cpu_kernels.py` (WORDLE_MLX_EXACT_GELU=1 keeps mlx-lm's).
 """
 
@@ -26,12 +26,13 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 import mlx_lm.utils as mlx_utils
+from huggingface_hub import snapshot_download
 from mlx.utils import tree_flatten
 from mlx_lm.tuner.utils import load_adapters
 
 from ...config import read_json_file
 from ...errors import UserError
-from ...fileio import cache_dir, publish_dir, write_json_atomic
+from ...storage.fileio import cache_dir, publish_dir, write_json_atomic
 from .cpu_kernels import use_fast_gelu
 from .gguf_import import bundled_gemma_270m_gguf, import_gguf
 from .lora import lora_to_float32
@@ -167,6 +168,21 @@ def resolve_model(spec: str, dtype: str | None = None) -> Path | str:
     raise UserError(f"model {spec!r}: no such folder or file, and not a Hugging Face repo id (owner/name)")
 
 
+def download_model(location: Path | str) -> Path:
+    """The folder of a model `resolve_model` located, as mlx-lm's loader finds it: a local folder as it is, a Hub
+    id downloaded (or found in the Hugging Face cache) with the files mlx-lm fetches (`DEFAULT_ALLOW_PATTERNS`)."""
+    path = Path(str(location))
+    if not path.exists():
+        path = Path(snapshot_download(str(location), allow_patterns=mlx_utils.DEFAULT_ALLOW_PATTERNS))
+    return path
+
+
+def local_model_folder(location: Path | str) -> Path:
+    """The folder of a model `resolve_model` located: a local folder as it is, a Hub id's downloaded snapshot
+    (the loader fetched it already, so this does not download)."""
+    return Path(location) if Path(location).exists() else mlx_utils.hf_repo_to_path(str(location))
+
+
 def describe_model_dir(path: Path) -> dict:
     """Where a local model folder is and how big its files are."""
     files = [p for p in Path(path).iterdir() if p.is_file()]
@@ -219,7 +235,7 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
             if not (adapter / needed).is_file():
                 raise UserError(f"adapter {str(adapter_path)!r}: missing {needed}")
     try:
-        model_path = mlx_utils._download(str(location))       # a local folder as it is, a Hub id downloaded
+        model_path = download_model(location)       # a local folder as it is, a Hub id downloaded
         model, config = mlx_utils.load_model(model_path)
         tokenizer = load_tokenizer(model_path, config.get("eos_token_id"))
     except (OSError, ValueError) as exc:

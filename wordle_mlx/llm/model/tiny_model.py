@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.gemma3_text import Model, ModelArgs
 
-from ...fileio import write_json_atomic
+from ...storage.fileio import write_json_atomic
 from .tokenizer_build import (TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_USER_DEFINED,
                               SPACE_PIECE, gemma_tokenizer_json, write_tokenizer_files)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ...fileio import write_json_atomic
+from ...storage.fileio import write_json_atomic
 
 # SentencePiece / GGUF token types (gguf.TokenType).
 TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6

@@ -2,7 +2,8 @@
 
 `group_advantages` turns per-sample rewards and group ids into advantages, (r - mean) / (std + eps); a
 group whose rewards are all equal gets exactly 0 and is reported as skipped (`spread_groups` finds
-the groups with a spread, and raises on a non-finite reward). `grpo_loss.py` packs these into token batches.
+the groups with a spread, and raises on a non-finite reward). `rl.py` drops the zero-advantage groups and
+`packing.py` packs the rest into token batches.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ...errors import UserError
-from ...fileio import write_text_atomic
+from ...storage.fileio import write_text_atomic
 
 TIMEOUT_ENV = "WORDLE_MLX_COLLECTIVE_TIMEOUT"
 HASH_DIR_ENV = "WORDLE_MLX_WEIGHTS_HASH_DIR"
@@ -157,15 +157,6 @@ def _set_leaf(tree, path: list[str], value) -> None:
         tree[int(path[-1])] = value
     else:
         tree[path[-1]] = value
-
-
-def interleave(per_rank: list[list]) -> list:
-    """Undo `shard`: item k of rank r goes back to global position r + k * size."""
-    out, k = [], 0
-    while any(k < len(part) for part in per_rank):
-        out.extend(part[k] for part in per_rank if k < len(part))
-        k += 1
-    return out
 
 
 class NullWriter:

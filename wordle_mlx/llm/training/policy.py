@@ -1,8 +1,8 @@
 """The policy a training run trains: the base model with LoRA layers, fresh or from a start adapter.
 
-`load_policy(cfg, prompt, decode, trains_free)` loads `model.name` in `model.dtype`; with `model.adapter` it loads
-that adapter as mlx-lm does (its own rank, scale and layers, cast to the model before its weights go in, so they
-load bit for bit), else it adds fresh LoRA layers from the `lora` section. Only LoRA weights train: those of the
+`load_policy(model, lora, seed, adapter, prompt, decode, trains_free)` loads the `model` section's base in its
+dtype; with a start `adapter` (`start_adapter(cfg)`) it loads that adapter as mlx-lm does (its own rank, scale and layers, cast to the model before its weights go in, so they
+load bit for bit), else it adds fresh LoRA layers from the `lora` section, seeded by `seed`. Only LoRA weights train: those of the
 last `lora.train_layers` blocks when set. The adapter config it returns is what the run saves with its adapter:
 the layout, the base model, the prompt it plays and the decoding it was trained for (`decode`, and whether the
 whole reply was trained over the vocabulary, which free decoding needs: by the full loss, by `train_free`, or by the
@@ -45,10 +45,11 @@ def trained_record(decode: str, trains_free: bool, start: Path | None) -> dict:
     return decoding_record(decode, decode == "free" or trains_free or bool(adapter_decoding(start)[1]))
 
 
-def load_policy(cfg, prompt: PromptConfig, decode: str, trains_free: bool):
-    """(model, tokenizer, adapter config, trainable parameter count) for a training run of `cfg`."""
-    adapter = start_adapter(cfg)
-    model, tokenizer = load_model(cfg.model.name, adapter_path=adapter, dtype=cfg.model.dtype)
+def load_policy(model_cfg, lora, seed: int, adapter: Path | None, prompt: PromptConfig, decode: str,
+                trains_free: bool):
+    """(model, tokenizer, adapter config, trainable parameter count) for a training run: the config's `model` and
+    `lora` sections, the run seed and the resolved start adapter (None: a fresh LoRA)."""
+    model, tokenizer = load_model(model_cfg.name, adapter_path=adapter, dtype=model_cfg.dtype)
     if adapter is not None:
         acfg = json.loads((adapter / "adapter_config.json").read_text())
         model.freeze()
@@ -59,21 +60,21 @@ def load_policy(cfg, prompt: PromptConfig, decode: str, trains_free: bool):
         for m in lora_layers:
             m.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
             if hasattr(m, "dropout"):    # the run's dropout, not the adapter's
-                m.dropout = nn.Dropout(p=cfg.lora.dropout)
-        acfg["lora_parameters"] = dict(acfg.get("lora_parameters", {}), dropout=cfg.lora.dropout)
+                m.dropout = nn.Dropout(p=lora.dropout)
+        acfg["lora_parameters"] = dict(acfg.get("lora_parameters", {}), dropout=lora.dropout)
         lora_to_float32(model)           # an adapter saved in bfloat16 trains on in float32
     else:
-        params = lora_parameters(cfg.lora.rank, cfg.lora.scale, cfg.lora.dropout, None)
-        mx.random.seed(cfg.run.seed)     # a fresh LoRA's random init depends only on the run seed
-        apply_lora(model, cfg.lora.num_layers, params)
-        acfg = adapter_config(cfg.lora.num_layers, params, cfg.model.name)
-    if cfg.lora.train_layers is not None:
-        freeze_lora_below(model, cfg.lora.train_layers)
-    if cfg.model.grad_checkpoint:
+        params = lora_parameters(lora.rank, lora.scale, lora.dropout, None)
+        mx.random.seed(seed)             # a fresh LoRA's random init depends only on the run seed
+        apply_lora(model, lora.num_layers, params)
+        acfg = adapter_config(lora.num_layers, params, model_cfg.name)
+    if lora.train_layers is not None:
+        freeze_lora_below(model, lora.train_layers)
+    if model_cfg.grad_checkpoint:
         set_grad_checkpoint(model)
     configure_metal_memory()
     acfg.pop(LEGACY_TAGS_KEY, None)       # a start adapter's old record: trained_free replaces it
-    acfg.update({"base_model": cfg.model.name, ADAPTER_PROMPT_KEY: prompt.model_dump(),
+    acfg.update({"base_model": model_cfg.name, ADAPTER_PROMPT_KEY: prompt.model_dump(),
                  **trained_record(decode, trains_free, adapter)})
     trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     return model, tokenizer, acfg, trainable

@@ -1,25 +1,45 @@
 # Two commands on a fresh machine: `make test` and `make demo`. Both set up .venv first.
-PYTHON ?= python3
+# Kept to GNU make 3.81, macOS's make: no .ONESHELL, $(file ...), != or ::= assignments, grouped targets (&:) or
+# undefine. Checked by reading, since this project's Linux machines have make 4.3; $(or ...) is 3.81's.
+PYTHON ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+# The Python that makes .venv (scripts/find_python.py, run by python3): .venv's own when it exists, else PYTHON,
+# else the newest python3.11 or later on PATH, else python3 if it is 3.11 or later. Otherwise one line, no venv.
+FIND_PYTHON = $(or $(shell command -v python3 2>/dev/null),$(PYTHON)) scripts/find_python.py --python "$(PYTHON)"
+# The versions the suite passed with (constraints.txt; `make constraints` writes it from .venv)
+PIP_INSTALL = $(PY) -m pip install --quiet -c constraints.txt
 
-.PHONY: setup test demo blas clean-venv train-270m train-4b llamacpp-check
+.PHONY: setup check-python constraints test demo blas clean-venv train-270m train-4b llamacpp-check
 
 setup: $(STAMP) blas
 
-$(STAMP): requirements.txt pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+check-python:
+	@$(FIND_PYTHON) --venv $(VENV)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	@python=`$(FIND_PYTHON) --venv $(VENV)` && \
+	  { test -x $(PY) || { echo "$$python -m venv $(VENV)"; $$python -m venv $(VENV); }; }
 	$(PY) -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$${CMAKE_ARGS:--DLLAMA_CURL=OFF}" $(PY) -m pip install --quiet -r requirements.txt
+	$(PIP_INSTALL) -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# The test extra (requirements-test.txt: hypothesis, and llama-cpp-python, which compiles llama.cpp without libcurl)
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	CMAKE_ARGS="$${CMAKE_ARGS:--DLLAMA_CURL=OFF}" $(PIP_INSTALL) -r requirements-test.txt
+	touch $(TEST_STAMP)
+
+constraints:
+	$(PY) scripts/freeze_constraints.py > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 # Linux only: MLX's CPU wheel bundles the reference BLAS (~30x slower); Debian's OpenBLAS fixes that.
 blas:
 	@bash scripts/install_openblas.sh
 
-test: setup
+test: setup $(TEST_STAMP)
 	$(PY) scripts/run_tests.py
 
 demo: setup
@@ -34,8 +54,8 @@ train-270m: setup
 train-4b: setup
 	bash scripts/train_4b.sh
 
-# On demand: llama.cpp (llama-cpp-python, from .venv or built in .venv-llamacpp) vs wordle-mlx: 100 test boards, 100 games.
-llamacpp-check: setup
+# On demand: llama.cpp (llama-cpp-python from the test extra) vs wordle-mlx: 100 test boards, 100 games.
+llamacpp-check: setup $(TEST_STAMP)
 	$(PY) scripts/llamacpp_check.py
 
 clean-venv:

@@ -1,8 +1,8 @@
 """`make llamacpp-check`: does llama.cpp play the exported GGUF exactly as wordle-mlx plays the adapter?
 
-Uses the pinned `llama-cpp-python` of this venv (requirements.txt installs it), else installs it from PyPI into
-its own venv (`.venv-llamacpp`; it compiles llama.cpp from source, one compile job at a time,
-`-DGGML_NATIVE=ON`), exports the shipped adapter
+Uses the pinned `llama-cpp-python` of this venv (requirements-test.txt, which the make target installs), else
+installs it from PyPI into its own venv (`.venv-llamacpp`; it compiles llama.cpp from source, one compile job at
+a time, `-DGGML_NATIVE=ON`), exports the shipped adapter
 (`adapters/gemma-3-270m-wordle` on `builtin:gemma-3-270m`) with `wordle-mlx export` (float16 by default, `--dtype`),
 which also writes the GBNF grammar of the adapter's decoding mode beside the GGUF, and runs two comparisons.
 
@@ -109,8 +109,8 @@ def worker(job_path: str, result_path: str) -> None:
 # ---------------------------------------------------------------- wordle-mlx side
 
 def ensure_llamacpp(venv: Path) -> Path:
-    """A Python with the pinned llama_cpp: this one when requirements.txt installed it, else the venv's, installed
-    from PyPI (a source build) the first time."""
+    """A Python with the pinned llama_cpp: this one when requirements-test.txt installed it, else the venv's,
+    installed from PyPI (a source build) the first time."""
     pinned = LLAMA_CPP_PYTHON.split("==")[1]
     try:
         if importlib.metadata.version("llama-cpp-python") == pinned:

@@ -1,5 +1,9 @@
 # Shared by the recipe scripts (train_270m_cpu.sh, train_4b.sh); sourced after they set R (the stage marker
 # folder) and start (the script start time). DRY_RUN=1 prints each stage's command instead of running it.
+# Long stages (training, self-play, cover, eval) show their progress (wordle_mlx/runtime/progress.py): a bar
+# with speed and ETA in a terminal, a plain line every few seconds when the output goes to a log. Bash 3.2 (macOS's)
+# runs these scripts: under set -u an array that may be empty is expanded as ${a[@]+"${a[@]}"}
+# (tests/test_setup.py checks every script).
 
 stage() {  # stage NAME COMMAND...: run once; a finished stage is skipped on the next run; <stage>.done holds its
            # seconds, summed over the runs an interrupted stage took
@@ -27,6 +31,6 @@ stage() {  # stage NAME COMMAND...: run once; a finished stage is skipped on the
 
 train_or_resume() {  # train_or_resume RUN_DIR COMMAND...: resume RUN_DIR when it has a checkpoint
   local dir=$1; shift
-  if compgen -G "$dir/checkpoints/*" > /dev/null; then "$@" --resume "$dir" --no-progress
-  else "$@" --overwrite --no-progress; fi
+  if compgen -G "$dir/checkpoints/*" > /dev/null; then "$@" --resume "$dir"
+  else "$@" --overwrite; fi
 }

@@ -54,21 +54,23 @@ start=$(date +%s)
 source scripts/recipe_stages.sh   # stage NAME CMD... (run once, .done markers), train_or_resume DIR CMD...
 
 evaluate() {  # evaluate NAME ADAPTER|- KIND: one held-out setting for one player
-  local name=$1 adapter=$2 kind=$3 extra=()
+  local name=$1 adapter=$2 kind=$3 extra=() out
   # the base model plays the adapters' prompts (an adapter brings its own: adapter_config.json)
   if [ "$adapter" != "-" ]; then extra=(--adapter "$adapter" --no-baselines); else extra=(--config config/recipe-270m/eval.json); fi
   # 16 tokens per reply: a letters reply is 11 ('<guess> c r a n e</guess>'); the base model never closes a tag.
-  extra+=(--games "$GAMES" --max-tokens 16 --no-progress)
+  extra+=(--games "$GAMES" --max-tokens 16)
   # greedy, sampled and seeded play the decoding the adapter records (words for this recipe's adapters; the
   # base model and adapters without a record: grammar); free and words set it
   case $kind in
-    greedy)      stage "eval-$name-greedy"      $W eval "${extra[@]}" --out "$R/eval_${name}_greedy.json" ;;
-    sampled)     stage "eval-$name-sampled"     $W eval "${extra[@]}" --temperature 0.7 --seed 0 --out "$R/eval_${name}_t07.json" ;;
-    seeded)      stage "eval-$name-seeded"      $W eval "${extra[@]}" --history seeded --out "$R/eval_${name}_seeded.json" ;;
-    free)        stage "eval-$name-free"        $W eval "${extra[@]}" --decode free --out "$R/eval_${name}_greedy_free.json" ;;
-    words)       stage "eval-$name-words"       $W eval "${extra[@]}" --decode words --out "$R/eval_${name}_greedy_words.json" ;;
+    greedy)  out=greedy ;;
+    sampled) out=t07;          extra+=(--temperature 0.7 --seed 0) ;;
+    seeded)  out=seeded;       extra+=(--history seeded) ;;
+    free)    out=greedy_free;  extra+=(--decode free) ;;
+    words)   out=greedy_words; extra+=(--decode words) ;;
     *) echo "unknown eval kind '$kind' in EVALS (greedy sampled seeded free words)" >&2; exit 2 ;;
   esac
+  # ${a[@]+"${a[@]}"}: bash 3.2 (macOS) stops on an empty "${a[@]}" under set -u
+  stage "eval-$name-$kind" $W eval ${extra[@]+"${extra[@]}"} --out "$R/eval_${name}_$out.json"
 }
 
 stage setup   make setup
@@ -89,7 +91,7 @@ stage sft-fit    train_or_resume logs/sft-fit-270m $W sft --config config/recipe
 # The self-play round: the fit adapter plays every train secret from the empty board; each board it reaches is
 # labelled with the answer that fits the clues which the model itself scores highest, in words decoding. From
 # here on every SFT pass trains words decoding's policy (decode "words").
-stage choice     $W data self-play --config config/recipe-270m/self-play.json --no-progress
+stage choice     $W data self-play --config config/recipe-270m/self-play.json
 # SFT on that data from the fit adapter (lr 3e-5), then three more passes at a constant 1.5e-5, each from the
 # one before with a new shuffle seed.
 stage sft-choice train_or_resume logs/sft-choice-270m $W sft --config config/recipe-270m/sft-choice.json
@@ -100,25 +102,26 @@ more=()      # the passes' flags, also recorded by the ship stage
 for n in 2 3 4; do
   if [ $n = 2 ]; then prev=sft-choice-270m; else prev=sft-choice$((n - 1))-270m; fi
   if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
-  flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --adapter logs/$prev/adapters "${size[@]}")
-  more+=("${flags[*]}")
-  stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json "${flags[@]}"
+  flags=(--seed $((n - 1)) --run-name sft-choice$n-270m --adapter logs/$prev/adapters ${size[@]+"${size[@]}"})
+  more+=(${flags[*]+"${flags[*]}"})
+  stage sft-choice$n train_or_resume logs/sft-choice$n-270m $W sft --config config/recipe-270m/sft-choice-more.json \
+    ${flags[@]+"${flags[@]}"}
 done
 # The first coverage round: a second self-play round from that adapter; every answer that fits some tight board
 # of it (at most 5 answers left) is added as a label there, 4 times (`data cover`); one SFT pass on it, then 100
 # GRPO steps with plain SGD in words decoding, playing full games on from the greedy reply; the 100 validation words are played every 20 steps (the SFT start as step 0) and the run's
 # adapters/ are the pass with the most wins (validation keeps the best: the SFT start when no step beats it).
-stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json --no-progress
-stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4 --no-progress
+stage choice2    $W data self-play --config config/recipe-270m/self-play-2.json
+stage cover      $W data cover --data data/choice2 --out data/choice2-cover5c4 --max-candidates 5 --copies 4
 stage sft-cover  train_or_resume logs/sft-cover-270m $W sft --config config/recipe-270m/sft-cover.json
 stage grpo-cover train_or_resume logs/grpo-cover-270m $W train --config config/recipe-270m/grpo-cover.json
 # Two more coverage rounds, as the shipped adapter's last rounds ran: self-play from the adapter before (GRPO's
 # kept pass for the first), cover, one SFT pass (with train_free, like the first); the last pass's adapter is the
 # one the recipe ships.
 for n in 2 3; do
-  stage choice$((n + 1)) $W data self-play --config config/recipe-270m/self-play-$((n + 1)).json --no-progress
+  stage choice$((n + 1)) $W data self-play --config config/recipe-270m/self-play-$((n + 1)).json
   stage cover$n $W data cover --data data/choice$((n + 1)) --out data/choice$((n + 1))-cover5c4 --max-candidates 5 \
-    --copies 4 --no-progress
+    --copies 4
   stage sft-cover$n train_or_resume logs/sft-cover$n-270m $W sft --config config/recipe-270m/sft-cover-$n.json
 done
 
@@ -146,7 +149,7 @@ case " $EVALS " in *" greedy "*) ;; *) evaluate sftcover3 logs/sft-cover3-270m/a
 case " $EVALS " in *" free "*) ;; *) evaluate sftcover3 logs/sft-cover3-270m/adapters free ;; esac
 if [ -f "$SHIP/adapters.safetensors" ]; then
   for mode in $DECODE free; do
-    stage eval-shipped-$mode $W eval --adapter "$SHIP" --no-baselines --games "$GAMES" --max-tokens 16 --no-progress \
+    stage eval-shipped-$mode $W eval --adapter "$SHIP" --no-baselines --games "$GAMES" --max-tokens 16 \
       --decode $mode --out "$R/eval_shipped_greedy_$mode.json"
   done
   guard=(--guard "$R/eval_sftcover3_greedy.json" "$R/eval_shipped_greedy_$DECODE.json"
@@ -169,15 +172,15 @@ for f in "$R"/eval_sftcover3_*.json "$R"/eval_grpocover_*.json "$R"/eval_sftcove
 done
 sft_configs=()
 for c in sft sft-focus sft-fit sft-choice; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
-for flags in "${more[@]}"; do sft_configs+=(--sft-config "config/recipe-270m/sft-choice-more.json $flags"); done
+for flags in ${more[@]+"${more[@]}"}; do sft_configs+=(--sft-config "config/recipe-270m/sft-choice-more.json $flags"); done
 for c in sft-cover sft-cover-2 sft-cover-3; do sft_configs+=(--sft-config "config/recipe-270m/$c.json"); done
 stage ship .venv/bin/python scripts/ship_adapter.py --adapter logs/sft-cover3-270m/adapters --out "$SHIP" \
   --data-config config/recipe-270m/data.json --data-config config/recipe-270m/data-focus.json --data-config config/recipe-270m/data-fit.json \
   --choice-config config/recipe-270m/self-play.json --choice-config config/recipe-270m/self-play-2.json \
   --choice-config config/recipe-270m/self-play-3.json --choice-config config/recipe-270m/self-play-4.json \
-  "${sft_configs[@]}" \
+  ${sft_configs[@]+"${sft_configs[@]}"} \
   --grpo-config config/recipe-270m/grpo-cover.json \
-  "${ship_evals[@]}" "${guard[@]}" --stage-seconds "$R"
+  ${ship_evals[@]+"${ship_evals[@]}"} ${guard[@]+"${guard[@]}"} --stage-seconds "$R"
 
 echo
 echo "recipe finished; this invocation took $(( $(date +%s) - start ))s (stage times in seconds: $R/*.done)"

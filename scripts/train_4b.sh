@@ -40,7 +40,7 @@ source scripts/recipe_stages.sh   # stage NAME CMD... (run once, .done markers),
 
 evaluate() {  # evaluate NAME ADAPTER: greedy play of the test words, in the decoding the adapter records
   stage "eval-$1" $W eval --config "$C/eval-$VARIANT.json" --adapter "$2" --no-baselines --games "$GAMES" \
-    --max-tokens 16 --no-progress --out "$R/eval_$1_greedy.json"
+    --max-tokens 16 --out "$R/eval_$1_greedy.json"
 }
 
 plan() {  # plan CONFIG: the expected peak memory of its step (known 4B dimensions: no download needed)
@@ -55,26 +55,26 @@ stage data-focus $W data --config "$C/data-focus.json"
 stage sft-focus  train_or_resume "logs/gemma3-4b-sft-focus-$VARIANT" $W sft --config "$C/sft-focus-$VARIANT.json"
 stage data-fit   $W data --config "$C/data-fit.json"
 stage sft-fit    train_or_resume "logs/gemma3-4b-sft-fit-$VARIANT" $W sft --config "$C/sft-fit-$VARIANT.json"
-stage self-play  $W data self-play --config "$C/self-play-$VARIANT.json" --no-progress
+stage self-play  $W data self-play --config "$C/self-play-$VARIANT.json"
 stage sft-choice train_or_resume "logs/gemma3-4b-sft-choice-$VARIANT" $W sft --config "$C/sft-choice-$VARIANT.json"
 for n in 2 3 4; do   # three more passes, as the 270M recipe's: each from the one before with a new shuffle seed
   if [ $n = 2 ]; then prev=gemma3-4b-sft-choice-$VARIANT; else prev=gemma3-4b-sft-choice$((n - 1))-$VARIANT; fi
   if [ $n = 2 ]; then size=(--steps 120 --save-every 20); else size=(--steps 240 --save-every 40); fi
   stage sft-choice$n train_or_resume "logs/gemma3-4b-sft-choice$n-$VARIANT" $W sft \
     --config "$C/sft-choice-more-$VARIANT.json" --seed $((n - 1)) --run-name "gemma3-4b-sft-choice$n-$VARIANT" \
-    --adapter "logs/$prev/adapters" "${size[@]}"
+    --adapter "logs/$prev/adapters" ${size[@]+"${size[@]}"}
 done
-stage self-play-2 $W data self-play --config "$C/self-play-2-$VARIANT.json" --no-progress
+stage self-play-2 $W data self-play --config "$C/self-play-2-$VARIANT.json"
 stage cover      $W data cover --data "data/gemma3-4b/self-play-2-$VARIANT" --out "data/gemma3-4b/cover-$VARIANT" \
-  --max-candidates 5 --copies 4 --no-progress
+  --max-candidates 5 --copies 4
 plan "$C/sft-cover-$VARIANT.json"
 stage sft-cover  train_or_resume "logs/gemma3-4b-sft-cover-$VARIANT" $W sft --config "$C/sft-cover-$VARIANT.json"
 plan "$C/grpo-$VARIANT.json"
 stage grpo       train_or_resume "logs/gemma3-4b-grpo-$VARIANT" $W train --config "$C/grpo-$VARIANT.json"
 for n in 2 3; do     # two more coverage rounds, each from the adapter before (GRPO's kept pass for the first)
-  stage "self-play-$((n + 1))" $W data self-play --config "$C/self-play-$((n + 1))-$VARIANT.json" --no-progress
+  stage "self-play-$((n + 1))" $W data self-play --config "$C/self-play-$((n + 1))-$VARIANT.json"
   stage "cover$n" $W data cover --data "data/gemma3-4b/self-play-$((n + 1))-$VARIANT" \
-    --out "data/gemma3-4b/cover$n-$VARIANT" --max-candidates 5 --copies 4 --no-progress
+    --out "data/gemma3-4b/cover$n-$VARIANT" --max-candidates 5 --copies 4
   plan "$C/sft-cover-$n-$VARIANT.json"
   stage "sft-cover$n" train_or_resume "logs/gemma3-4b-sft-cover$n-$VARIANT" $W sft \
     --config "$C/sft-cover-$n-$VARIANT.json"
@@ -86,13 +86,13 @@ evaluate grpo      "logs/gemma3-4b-grpo-$VARIANT/adapters"
 evaluate sftcover3 "logs/gemma3-4b-sft-cover3-$VARIANT/adapters"
 # 4-bit: re-quantizing the fused weights rounds away an adapter change below the 4-bit step (fuse refuses such
 # a result), so the fused model is written dequantized, in bf16
-fuse_flags=()
+fuse_flags=()   # expanded as ${a[@]+"${a[@]}"}: bash 3.2 (macOS) stops on an empty "${a[@]}" under set -u
 if [ "$VARIANT" = 4bit ]; then fuse_flags=(--dequantize); fi
 stage fuse $W fuse --model "$MODEL" --adapter "logs/gemma3-4b-sft-cover3-$VARIANT/adapters" --out "$R/fused" \
-  --overwrite "${fuse_flags[@]}"
+  --overwrite ${fuse_flags[@]+"${fuse_flags[@]}"}
 # the fused model alone (no adapter), in the same decoding, on the same games
 stage eval-fused $W eval --config "$C/eval-$VARIANT.json" --model "$R/fused" --decode words --no-baselines \
-  --games "$GAMES" --max-tokens 16 --no-progress --out "$R/eval_fused_greedy.json"
+  --games "$GAMES" --max-tokens 16 --out "$R/eval_fused_greedy.json"
 
 echo
 echo "recipe finished; this invocation took $(( $(date +%s) - start ))s (stage times in seconds: $R/*.done)"

@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text
 
 from wordle_mlx.runtime.blas import MALLOC_TUNABLES, linux_cpu_env, openblas_coretype
+from wordle_mlx.runtime import device
 from wordle_mlx.llm.model import cpu_kernels, lora, models
 from wordle_mlx.llm.training.sft_loss import loss_sum
 from . import assert_f32_close
@@ -72,7 +73,7 @@ class FastGeluTest(unittest.TestCase):
     def test_load_model_switches_on_cpu_only_unless_asked(self):
         model, _ = models.load_model("builtin:tiny-random")
         kinds = {type(m).__name__ for _, m in model.named_modules() if isinstance(m, gemma3_text.MLP)}
-        self.assertEqual(kinds, {"FastGeluMLP"} if not models.metal_available() else {"MLP"})
+        self.assertEqual(kinds, {"FastGeluMLP"} if not device.has_gpu() else {"MLP"})
 
 
 class CrossEntropyTest(unittest.TestCase):
@@ -140,6 +141,40 @@ class CrossEntropyTest(unittest.TestCase):
         for name, g in results["reference"][1].items():
             scale = max(mx.abs(g).max().item(), 1e-6)
             self.assertLess(mx.abs(g - results["numpy"][1][name]).max().item() / scale, 1e-4, name)
+
+    def test_after_the_trace_same_values_and_no_kept_graph(self):
+        """Under `numpy_after_trace` (what the trainer's step uses) the numpy cross-entropy gives the eager path's
+        loss and gradient bit for bit, and the forward's intermediates are freed: evaluated inside the trace they
+        are all kept (the 270M's train_free step at batch 16: 10.1 GB against 2.7 GB)."""
+        rng = np.random.default_rng(5)
+        x = mx.array(rng.standard_normal((64, 8192)).astype(np.float32))
+        targets = mx.array(rng.integers(0, 8192, size=64).astype(np.int32))
+        weights = mx.array(np.r_[np.ones(60), np.zeros(4)].astype(np.float32))
+
+        def loss(h):     # a chain of 2 MB intermediates the backward pass does not need
+            for _ in range(12):
+                h = h * 1.01 + 0.01
+            return (cpu_kernels.cross_entropy(h, targets) * weights).sum()
+
+        def run(after_trace: bool):
+            step = mx.value_and_grad(loss)
+            mx.clear_cache()
+            mx.reset_peak_memory()
+            with mock.patch.object(cpu_kernels, "_NUMPY_MIN_WIDTH", 0):
+                if after_trace:
+                    with cpu_kernels.numpy_after_trace():
+                        value, grad = step(x)
+                else:
+                    value, grad = step(x)
+            mx.eval(value, grad)
+            return np.array(value), np.array(grad), mx.get_peak_memory()
+
+        eager_value, eager_grad, eager_peak = run(False)
+        value, grad, peak = run(True)
+        np.testing.assert_array_equal(value, eager_value)
+        np.testing.assert_array_equal(grad, eager_grad)
+        np.testing.assert_array_equal(grad[60:], 0.0)                   # zero-weight rows
+        self.assertLess(peak, eager_peak - 8 * x.nbytes)                # 12 intermediates kept eagerly
 
 
 class CoretypeTest(unittest.TestCase):

@@ -49,10 +49,11 @@ def grammar_of(tokenizer) -> LetterGrammar:
 SHIPPED = str(Path(__file__).resolve().parents[1] / "adapters" / "gemma-3-270m-wordle")
 
 
-def lora_policy(spec: str, dtype: str | None = None, seed: int = 5):
+def lora_policy(spec: str, dtype: str = "float32", seed: int = 5):
     """The model with random LoRA weights (so LoRA is part of every forward); the 270M with the shipped adapter,
     whose trained weights keep the network as well conditioned as a real policy (large random LoRA weights make
-    a deep model amplify float32 rounding, and OpenBLAS rounds a one-row product differently from a long one)."""
+    a deep model amplify float32 rounding, and OpenBLAS rounds a one-row product differently from a long one).
+    float32 unless asked, whatever the device's default: the callers compare at float32 tolerances."""
     if spec == "builtin:gemma-3-270m":
         model, tokenizer = load_model(spec, adapter_path=SHIPPED, dtype=dtype)
         model.eval()

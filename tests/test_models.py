@@ -21,6 +21,7 @@ import numpy as np
 
 from wordle_mlx.errors import UserError
 from wordle_mlx.llm.model import models
+from wordle_mlx.runtime import device
 from wordle_mlx.llm.model.tiny_model import TAG_TOKENS, make_tiny_model_dir
 
 MESSAGES = [{"role": "system", "content": "You play Wordle."},
@@ -190,7 +191,8 @@ class ResolverTest(unittest.TestCase):
     def test_cpu_casts_half_weights_to_float32(self):
         model, _ = models.load_model("builtin:tiny-random")
         model.set_dtype(mx.bfloat16)
-        with mock.patch.object(models, "metal_available", return_value=False):
+        with mock.patch.object(device, "has_gpu", return_value=False), \
+                mock.patch.dict(os.environ, {device.DTYPE_ENV: ""}):
             models.cast_model(model, None)
         self.assertEqual(model.model.embed_tokens.weight.dtype, mx.float32)
         models.cast_model(model, "float16")

@@ -61,6 +61,9 @@ class ArithmeticTest(unittest.TestCase):
         self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=True), 2 * 30 * 8 * 2 + 30 * 208 * 2)
         self.assertEqual(mp.logit_bytes(SMALL, 5), 5 * 32 * (2 + 4 * 3))
         self.assertEqual(mp.logit_bytes(SMALL, 5, letters_only=True), 5 * 26 * (2 + 4 * 3))
+        # on the CPU the vocabulary-wide softmax is numpy's: MLX holds the logits and their gradient only
+        self.assertEqual(mp.logit_bytes(SMALL, 5, numpy_loss=True), 5 * 32 * (2 + 4 * 1))
+        self.assertEqual(mp.logit_bytes(SMALL, 5, letters_only=True, numpy_loss=True), 5 * 26 * (2 + 4 * 3))
         # the blocks below the trained ones keep nothing for the backward pass
         self.assertEqual(mp.activation_bytes(SMALL, 30, 10, grad_checkpoint=False, layers=1), 30 * 208 * 2)
         self.assertEqual(mp.decode_logit_bytes(SMALL, 5), 5 * 32 * (3 * 2 + 4))
@@ -129,6 +132,12 @@ class ArithmeticTest(unittest.TestCase):
         self.assertIn("update phase", p.notes["phase"])
         self.assertEqual(p.items["activations"], mp.activation_bytes(SMALL, 300 + 9, 303, False, 1))
         self.assertEqual(p.items["logits"], mp.logit_bytes(SMALL, 9))
+        # groups are merged into one pass while their loss tokens and padded tokens fit: 3 of 4 boards here
+        merged = mp.grpo_plan(SMALL, mp.GRPONumbers(**{**n.__dict__, "batch_prompts": 4, "prompt_tokens": 10,
+                                                       "max_tokens_per_microbatch": 60, "max_loss_tokens_per_microbatch": 27}))
+        self.assertEqual(merged.items["activations"], mp.activation_bytes(SMALL, 3 * 10 + 27, 13, False, 1))
+        self.assertEqual(merged.items["logits"], mp.logit_bytes(SMALL, 27))
+        self.assertIn("3 prompts of 10 + 27 reply", merged.notes["activations"])
 
     def test_letter_decoding_keeps_no_vocabulary_rows(self):
         n = mp.GRPONumbers(batch_prompts=2, generations=3, prompt_tokens=7, reply_tokens=16, completion_batch_size=4,
@@ -145,8 +154,12 @@ class ArithmeticTest(unittest.TestCase):
         self.assertEqual(p.items["lora"], mp.lora_bytes(2 * 2 * 128, 1))
 
     def test_fitting_sizes_and_largest_batch(self):
-        self.assertEqual(mp.fitting_sizes(int(12 * mp.GB)), [16, 24, 32, 36, 48, 64, 96, 128])
-        self.assertEqual(mp.fitting_sizes(int(12 * mp.GB) + 1), [24, 32, 36, 48, 64, 96, 128])
+        # Metal's recommended working set: two thirds of memory up to 32 GB (10.67 of 16), three quarters above
+        self.assertEqual(mp.working_set(16), 16 * mp.GB * 2 / 3)
+        self.assertEqual((mp.working_set(32), mp.working_set(36)), (32 * mp.GB * 2 / 3, 27 * mp.GB))
+        self.assertEqual(mp.fitting_sizes(int(16 * mp.GB * 2 / 3)), [16, 24, 32, 36, 48, 64, 96, 128])
+        self.assertEqual(mp.fitting_sizes(int(16 * mp.GB * 2 / 3) + 1), [24, 32, 36, 48, 64, 96, 128])
+        self.assertEqual(mp.fitting_sizes(int(24 * mp.GB)), [36, 48, 64, 96, 128])    # not 32 GB's 21.3
         self.assertEqual(mp.largest_fitting(lambda n: mp.MemoryPlan({"x": 100 * n}), 1050), 10)
         self.assertEqual(mp.largest_fitting(lambda n: mp.MemoryPlan({"x": 100 * n}), 99), 0)
 
@@ -173,11 +186,11 @@ class PlanStageTest(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def test_dims_read_as_mlx_lm_reads_them(self):
-        dims = stage_plan.model_dims(self.CONFIG, "bfloat16", "config.json", metal=False)
+        dims = stage_plan.model_dims(self.CONFIG, "bfloat16", "config.json", keeps_stored=False)
         self.assertEqual(dims, mp.ModelDims(8, 2, 2, 1, 4, 16, 64, 4, 2, 2, bits=4, group_size=8))
         # the 4B's config leaves heads out: mlx-lm's gemma3 wrapper fills 8 and 4
         bare = {"model_type": "gemma3", "text_config": {"hidden_size": 2560, "num_hidden_layers": 34}}
-        dims = stage_plan.model_dims(bare, None, "config.json", metal=True)
+        dims = stage_plan.model_dims(bare, None, "config.json", keeps_stored=True)
         self.assertEqual((dims.heads, dims.kv_heads, dims.head_dim, dims.vocab, dims.value_bytes),
                          (8, 4, 256, 262_208, 4))
 
@@ -199,7 +212,7 @@ class PlanStageTest(unittest.TestCase):
         with self.assertRaises(UserError) as e:
             plan.stage_config(str(bad))
         self.assertIn(str(bad), str(e.exception))
-        self.assertIn("not an SFT, GRPO, self-play or eval config", str(e.exception))
+        self.assertIn("not an SFT, GRPO, self-play, eval, fuse or export config", str(e.exception))
         hub = write_json(self.tmp, "hub.json", {"model": {"name": "someone/not-cached-model-xyz"}})
         with self.assertRaises(UserError) as e:
             plan.run(plan.PlanConfig(config=str(hub)))
@@ -271,7 +284,7 @@ class PlanStageTest(unittest.TestCase):
         state = sum(v.nbytes for k, v in tree_flatten(optimizer.state) if k not in ("step", "learning_rate"))
         numbers, _ = stage_plan.grpo_numbers(cfg, None)
         dims = stage_plan.model_dims(stage_plan.model_config_dict("builtin:tiny-random", None), "float32", "tiny",
-                                     metal=False)
+                                     keeps_stored=False)
         params = mp.lora_parameters(dims, numbers.rank, numbers.num_layers, numbers.keys)
         self.assertEqual(params, sum(v.size for _, v in tree_flatten(model.trainable_parameters())))
         self.assertEqual(mp.lora_bytes(params, numbers.optimizer_states) - mp.lora_bytes(params, 0), state)
@@ -301,7 +314,8 @@ class PlanStageTest(unittest.TestCase):
                             capture_output=True, text=True, env=env, cwd=ROOT)
         self.assertEqual(ok.returncode, 0, ok.stderr)
         self.assertIn("peak", ok.stdout)
-        self.assertIn("largest data.batch_size within 12.0 GB (16 GB x 75%)", ok.stdout)
+        self.assertIn("largest data.batch_size within 10.7 GB (16 GB x 67%)", ok.stdout)
+        self.assertIn("two thirds of memory up to 32 GB", ok.stdout)
         bad = write_json(self.tmp, "broken.json", "{not json")
         err = subprocess.run([sys.executable, "-m", "wordle_mlx", "plan", "--config", str(bad)],
                              capture_output=True, text=True, env=env, cwd=ROOT)

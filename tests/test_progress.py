@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import unittest
+from unittest import mock
 
-from wordle_mlx.runtime.progress import PlainProgress, clock
+from rich.console import Console
+
+from wordle_mlx.runtime import progress as progress_module
+from wordle_mlx.runtime.progress import PlainProgress, clock, progress_bar
 
 
 class FakeClock:
@@ -43,6 +48,18 @@ class PlainProgressTest(unittest.TestCase):
         now.t += 60
         progress.advance(1, info="reward 0.5")
         self.assertEqual(lines[-1], "sft  9/10  90%  reward 0.5  elapsed 1:00  eta 1:00")
+
+    def test_a_log_gets_plain_lines_not_a_bar(self):
+        """Where stderr is not a terminal (a recipe's log), progress_bar prints PlainProgress lines, no escapes."""
+        log = io.StringIO()
+        with mock.patch.object(progress_module, "console", Console(file=log)):
+            with progress_bar("sft", 2) as advance:
+                advance(1, info="loss 2.310")
+                advance(1)
+        lines = log.getvalue().splitlines()
+        self.assertEqual([line.split("  elapsed")[0] for line in lines],
+                         ["sft  1/2  50%  loss 2.310", "sft  2/2  100%  loss 2.310"])
+        self.assertNotIn("\x1b", log.getvalue())
 
     def test_clock(self):
         self.assertEqual([clock(41), clock(723), clock(3723)], ["0:41", "12:03", "1:02:03"])

@@ -148,6 +148,19 @@ class RecipeConfigsTest(unittest.TestCase):
                 text = {v: (RECIPE / f"{stem}-{v}.json").read_text() for v in VARIANTS}
                 self.assertEqual(text["bf16"].replace("bf16", "4bit"), text["4bit"])
 
+    def test_long_runs_show_their_progress(self):
+        """No shipped config turns progress off, and neither recipe script passes --no-progress: a stage shows a bar
+        with speed and ETA in a terminal, plain lines in a log (runtime/progress.py)."""
+        def off(value) -> bool:
+            if isinstance(value, dict):
+                return value.get("progress") is False or any(off(v) for v in value.values())
+            return False
+        for path in sorted((ROOT / "config").rglob("*.json")):
+            with self.subTest(config=str(path.relative_to(ROOT))):
+                self.assertFalse(off(json.loads(path.read_text())))
+        for script in ("recipe_stages.sh", "train_270m_cpu.sh", "train_4b.sh"):
+            self.assertNotIn("--no-progress", (ROOT / "scripts" / script).read_text(), script)
+
     def test_planner_says_each_training_config_fits_its_mac(self):
         with tempfile.TemporaryDirectory() as tmp:
             for v, memory in VARIANTS.items():

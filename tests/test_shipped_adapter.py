@@ -100,7 +100,7 @@ class ShippedAdapterTest(unittest.TestCase):
         out = subprocess.run(
             [sys.executable, "-m", "wordle_mlx", "eval", "--adapter", str(SHIPPED), "--games", str(games),
              "--max-tokens", str(published["max_tokens_per_turn"]), "--decode", published.get("decode", "free"),
-             "--no-baselines", "--no-progress", "--json"],
+             "--no-baselines", "--no-progress", "--json", "--dtype", "float32"],   # the games were played in float32
             capture_output=True, text=True, cwd=ROOT, timeout=900)
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
         replay = json.loads(out.stdout)

@@ -127,7 +127,7 @@ def plot(ctx: typer.Context,
 ModelOpt = Annotated[str, typer.Option("--model", help="Model spec: builtin:gemma-3-270m, builtin:tiny-random, HF id or folder.")]
 AdapterOpt = Annotated[Optional[str], typer.Option("--adapter", help="LoRA adapter folder to load (its recorded prompt and reply format apply) (default: none, the base model).")]
 DecodeOpt = Annotated[Optional[str], typer.Option("--decode", help="free, grammar or words (default: the decoding the adapter records it was trained for, else grammar): with grammar the reply's tags are forced and only its 5 letters are decoded; words also limits them to spell allowed guesses. Formats with free text are decoded free.")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the model's; float32 on CPU).")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: the model's; float32 on CPU; WORDLE_MLX_DEFAULT_DTYPE overrides).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Max tokens per reply (default: what the reply format needs: 16 without a think block, 256 with one).")]
 
 
@@ -302,6 +302,20 @@ def sft(config: ConfigOpt = None, resume: ResumeOpt = None, steps: Steps = None,
     run_training(stage, cfg, print_config, json_output)
 
 
+def fuse_config(adapter, out, model, dtype, dequantize, overwrite, json_output=False):
+    """The FuseConfig of `fuse`'s flags (also what `plan fuse ...` plans)."""
+    from .stages.fuse_config import FuseConfig
+    return load_config(None, FuseConfig, {"model": model, "adapter": str(adapter), "out": str(out), "dtype": dtype,
+                                          "dequantize": dequantize, "overwrite": overwrite})
+
+
+def export_config(adapter, out, model, dtype, overwrite, ollama, json_output):
+    """The ExportConfig of `export`'s flags (also what `plan export ...` plans)."""
+    from .stages.export_config import ExportConfig
+    return load_config(None, ExportConfig, {"adapter": str(adapter), "out": str(out), "model": model, "dtype": dtype,
+                                            "overwrite": overwrite, "ollama": ollama, "json_output": json_output})
+
+
 @app.command()
 def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter folder (adapters.safetensors + adapter_config.json).")],
          out: Annotated[Path, typer.Option("--out", help="Folder for the fused model.")],
@@ -317,9 +331,7 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
     The output is a text-only mlx-lm folder: a multimodal base's vision part (vision tower, projector,
     vision_config) is dropped. The check's limit comes from the dtype and the quantization (llm/model/fuse_bounds.py)."""
     from .stages import fuse as stage
-    cfg = load_config(None, stage.FuseConfig, {"model": model, "adapter": str(adapter), "out": str(out),
-                                                "dtype": dtype, "dequantize": dequantize, "overwrite": overwrite})
-    result = stage.run(cfg)
+    result = stage.run(fuse_config(adapter, out, model, dtype, dequantize, overwrite))
     if not json_output:
         from .runtime.progress import console
         console.print(f"fused {result['fused_layers']} layers into {result['out']} ({result['output']} "
@@ -329,19 +341,46 @@ def fuse(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter f
     emit(result, json_output)
 
 
-@app.command()
-def plan(config: Annotated[Path, typer.Option("--config", "-c", help="An SFT, GRPO, eval or self-play config file.")],
+STAGE_COMMANDS = {"fuse": fuse_config, "export": export_config}
+
+
+def stage_command(ctx: typer.Context, words: list[str]) -> tuple[str, object]:
+    """(kind, config) of a `fuse ...` or `export ...` command line, parsed by that command's own options."""
+    if not words or words[0] not in STAGE_COMMANDS:
+        raise UserError(f"plan: {' '.join(words)!r}: give --config FILE, or a fuse or export command "
+                        "(`wordle-mlx plan fuse --adapter A --out D ...`)")
+    group = ctx.parent
+    command = group.command.get_command(group, words[0])
+    with command.make_context(words[0], list(words[1:]), parent=group) as sub:
+        return words[0], STAGE_COMMANDS[words[0]](**sub.params)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def plan(ctx: typer.Context,
+         config: Annotated[Optional[Path], typer.Option("--config", "-c", help="An SFT, GRPO, eval, self-play, fuse or export config file.")] = None,
          model_config: Annotated[Optional[Path], typer.Option("--model-config", help="The model's config.json (or its folder), instead of finding it from the config's model.")] = None,
          memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Find the largest batch for this much memory (default: this machine's).")] = None,
          prompt_tokens: Annotated[Optional[int], typer.Option("--prompt-tokens", help="Prompt length in tokens (default: estimated from the prompt style).")] = None,
          measure: Annotated[bool, typer.Option("--measure", help="Also run two real steps of the stage here: MLX's measured peak and the whole stage's projected time.")] = False,
          json_output: JsonFlag = False) -> None:
-    """Expected peak memory of an SFT, GRPO, eval or self-play config, itemised, the Macs it fits and the largest batch that fits."""
+    """Expected peak memory of an SFT, GRPO, eval, self-play, fuse or export config, itemised, the Macs it fits and
+    the largest batch that fits. A fuse or export command is planned as given: `wordle-mlx plan fuse --adapter A
+    --out D --model M --dequantize` (plan's own options go before it)."""
     from .stages import plan, plan_measure
-    cfg = load_config(None, plan.PlanConfig, {"config": str(config), "model_json": str(model_config) if model_config else None,
+    stage = None
+    if ctx.args or config is None:
+        if config is not None:
+            raise UserError("plan: give --config FILE or a fuse / export command, not both")
+        if measure:
+            raise UserError("plan --measure: runs SFT, GRPO, eval or self-play steps; run the fuse or export itself")
+        stage = stage_command(ctx, ctx.args)
+    cfg = load_config(None, plan.PlanConfig, {"config": str(config) if config else "wordle-mlx " + " ".join(ctx.args),
+                                              "model_json": str(model_config) if model_config else None,
                                               "memory_gb": memory_gb, "prompt_tokens": prompt_tokens,
                                               "measure": measure, "json_output": json_output})
-    emit((plan_measure if cfg.measure else plan).run(cfg), json_output)
+    if cfg.measure and plan.stage_config(cfg.config)[0] in STAGE_COMMANDS:
+        raise UserError("plan --measure: runs SFT, GRPO, eval or self-play steps; run the fuse or export itself")
+    emit((plan_measure if cfg.measure else plan).run(cfg) if stage is None else plan.run(cfg, stage), json_output)
 
 
 @app.command()
@@ -354,10 +393,7 @@ def export(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter
            json_output: JsonFlag = False) -> None:
     """Write the player (base model + fused LoRA, text weights) as a GGUF for llama.cpp / Ollama, with its reply grammar."""
     from .stages import export as stage
-    cfg = load_config(None, stage.ExportConfig, {"adapter": str(adapter), "out": str(out), "model": model,
-                                                  "dtype": dtype, "overwrite": overwrite, "ollama": ollama,
-                                                  "json_output": json_output})
-    emit(stage.run(cfg), json_output)
+    emit(stage.run(export_config(adapter, out, model, dtype, overwrite, ollama, json_output)), json_output)
 
 
 model_app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Import models into mlx-lm folders.")
@@ -367,7 +403,7 @@ app.add_typer(model_app, name="model")
 @model_app.command(name="import")
 def model_import(source: Annotated[str, typer.Argument(help="A Gemma 3 .gguf file, builtin:gemma-3-270m or builtin:tiny-random.")],
                  out: Annotated[Optional[Path], typer.Option("--out", help="New folder for the mlx-lm model (default: the user cache, where --model SOURCE looks).")] = None,
-                 dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16, float16, q8 or q4 (linear layers 8- or 4-bit, needs --out) (default: float32 on CPU, bfloat16 with Metal).")] = None,
+                 dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16, float16, q8 or q4 (linear layers 8- or 4-bit, needs --out) (default: float32 on CPU, bfloat16 with a GPU, or WORDLE_MLX_DEFAULT_DTYPE).")] = None,
                  json_output: JsonFlag = False) -> None:
     """Convert a GGUF (or a builtin model) into a folder that mlx_lm.load and --model accept."""
     from .stages import model_import as stage

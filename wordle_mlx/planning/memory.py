@@ -24,7 +24,8 @@ allocator (`mx.get_peak_memory()`) during one step:
 - activations: what the backward pass keeps per token and layer (ACTIVATION_VALUES_PER_TOKEN below), all
   layers without gradient checkpointing, with it the layer inputs plus one layer recomputed;
 - logits: the loss positions of a micro-batch x vocabulary, in the model dtype then float32 with its
-  gradient and softmax (LOGIT_COPIES).
+  gradient and softmax (LOGIT_COPIES_FLOAT32); on the CPU a vocabulary-wide SFT loss keeps its softmax in numpy
+  (`llm/model/cpu_kernels.cross_entropy`), so MLX holds the float32 logits and their gradient only.
 GRPO's peak is the larger of its rollout phase (prompt caches, the batch's KV cache and sampling logits, all
 growing with the decoded rows B x G, and with the prompt and reply lengths) and its update phase (activations and
 loss logits of one micro-batch); both hold the weights and the LoRA state. The constants are structural
@@ -38,9 +39,16 @@ from dataclasses import dataclass, field
 
 GB = 1024 ** 3
 MAC_SIZES_GB = (8, 16, 24, 32, 36, 48, 64, 96, 128)
-WORKING_SET_FRACTION = 0.75       # macOS lets the GPU wire about this share of unified memory
+# the share of unified memory Metal recommends as a working set (`max_recommended_working_set_size`, which the
+# planner reads on the Mac it runs on): about two thirds on Macs of 32 GB and less (10.7 of 16 GB), three
+# quarters on larger ones; these stand in for it offline (`--memory-gb`, the "fits Macs of" list)
+SMALL_MAC_GB = 32
+SMALL_MAC_FRACTION = 2 / 3
+LARGE_MAC_FRACTION = 0.75
+WORKING_SET_RULE = "a working set of two thirds of memory up to 32 GB, three quarters above"
 KV_STEP = 256                     # mlx-lm's KVCache / RotatingKVCache grow in steps of this many tokens
 LOGIT_COPIES_FLOAT32 = 3          # float32 logits, their softmax / log-softmax, and their gradient
+NUMPY_LOGIT_COPIES = 1            # on the CPU the vocabulary-wide loss runs in numpy: MLX holds logits + gradient
 KV_BATCH_COPIES = 1               # the decoding batch's cache (see the module docstring for a transient copy)
 DECODE_LOGIT_COPIES = 3           # per decoding row: logits, log-softmax, the previous step's (model dtype)
 LETTER_ROWS = 26                  # grammar and words decoding project onto the 26 letter rows only
@@ -181,10 +189,12 @@ def activation_bytes(d: ModelDims, tokens: int, row_length: int, grad_checkpoint
     return layers * tokens * d.hidden * d.value_bytes + one_block
 
 
-def logit_bytes(d: ModelDims, positions: int, letters_only: bool = False) -> int:
+def logit_bytes(d: ModelDims, positions: int, letters_only: bool = False, numpy_loss: bool = False) -> int:
     """Loss logits of `positions` positions for the backward pass: over the vocabulary, or over the 26 letter
-    rows (grammar / words: the grammar loss and the GRPO update in those modes)."""
-    return positions * (LETTER_ROWS if letters_only else d.vocab) * (d.value_bytes + 4 * LOGIT_COPIES_FLOAT32)
+    rows (grammar / words: the grammar loss and the GRPO update in those modes). `numpy_loss`: a vocabulary-wide
+    SFT loss on the CPU (llm/model/cpu_kernels.cross_entropy), whose softmax lives in numpy, outside MLX."""
+    copies = NUMPY_LOGIT_COPIES if numpy_loss and not letters_only else LOGIT_COPIES_FLOAT32
+    return positions * (LETTER_ROWS if letters_only else d.vocab) * (d.value_bytes + 4 * copies)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -205,6 +215,7 @@ class SFTNumbers:
     train_layers: int | None = None  # only the last few blocks' LoRA trains
     grammar_loss: bool = False       # the loss is over the 5 letters' 26 rows
     train_free: bool = False         # with grammar_loss: every reply token over the vocabulary too
+    numpy_loss: bool = False         # the step runs on the CPU: vocabulary-wide losses in numpy (logit_bytes)
 
 
 def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
@@ -220,22 +231,26 @@ def sft_plan(d: ModelDims, n: SFTNumbers) -> MemoryPlan:
         "weights": weight_bytes(d),
         "lora": lora_bytes(lora, 2, gradients, trained),
         "activations": activation_bytes(d, tokens, n.row_length, n.grad_checkpoint, blocks),
-        "logits": logit_bytes(d, positions, n.grammar_loss) + (logit_bytes(d, tags) if tags else 0),
+        "logits": logit_bytes(d, positions, n.grammar_loss, n.numpy_loss)
+                  + (logit_bytes(d, tags, numpy_loss=n.numpy_loss) if tags else 0),
     })
     plan.notes = {
         "weights": weight_note(d),
         "lora": f"{lora:,} params x 4 B + {trained:,} trained x 4 B x ({gradients} grad + 2 AdamW states)",
         "activations": activation_note(d, tokens, n.row_length, n.grad_checkpoint,
                                        f"{n.batch_size} x {row} + {n.shared_prefix} shared", blocks),
-        "logits": logit_note(d, positions, n.grammar_loss) + (f" + {logit_note(d, tags, False)} (the whole reply)"
-                                                               if tags else ""),
+        "logits": logit_note(d, positions, n.grammar_loss, n.numpy_loss)
+                  + (f" + {logit_note(d, tags, False, n.numpy_loss)} (the whole reply)" if tags else ""),
     }
     return plan
 
 
-def logit_note(d: ModelDims, positions: int, letters_only: bool) -> str:
+def logit_note(d: ModelDims, positions: int, letters_only: bool, numpy_loss: bool = False) -> str:
     rows = f"{LETTER_ROWS} letter rows" if letters_only else f"{d.vocab:,}"
-    return f"{positions} loss positions x {rows} x ({d.value_bytes} + 4 x {LOGIT_COPIES_FLOAT32}) B"
+    numpy = numpy_loss and not letters_only
+    copies = NUMPY_LOGIT_COPIES if numpy else LOGIT_COPIES_FLOAT32
+    return (f"{positions} loss positions x {rows} x ({d.value_bytes} + 4 x {copies}) B"
+            + (" (the CPU's numpy loss)" if numpy else ""))
 
 
 @dataclass(frozen=True)
@@ -272,9 +287,9 @@ def grpo_rollout_bytes(d: ModelDims, n: GRPONumbers) -> dict[str, int]:
 def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
     """Rollout: each prompt's own prefilled cache and the shared prefix's, the decoding batch's cache of
     min(B x G, completion_batch_size) rows (see the module docstring) and one step's
-    sampling logits per row. Update: one micro-batch; with shared prompts a pass is one prompt and
-    its group's replies up to max_loss_tokens_per_microbatch, else rows of prompt + reply up to
-    max_tokens_per_microbatch."""
+    sampling logits per row. Update: one micro-batch; with shared prompts a pass is as many whole groups (each
+    prompt once, then its replies) as fit max_loss_tokens_per_microbatch and max_tokens_per_microbatch, else rows
+    of prompt + reply up to max_tokens_per_microbatch."""
     lora = lora_parameters(d, n.rank, n.num_layers, n.keys)
     blocks = trained_blocks(d, n.num_layers, n.train_layers)
     trained = lora * blocks // max(lora_blocks(d, n.num_layers), 1)
@@ -283,8 +298,14 @@ def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
     length = n.prompt_tokens + n.reply_tokens
     scored = 5 if letters else n.reply_tokens          # loss positions a reply: its 5 letters, or every token
     if n.share_prompts:
-        positions = min(n.max_loss_tokens_per_microbatch, n.generations * scored)
-        tokens, shape = n.prompt_tokens + positions, f"1 prompt of {n.prompt_tokens} + {positions} reply"
+        # whole groups merged into one pass (llm/training/packing.merge_prompt_groups) while the loss tokens fit
+        # max_loss_tokens_per_microbatch and the prompts and padded replies fit max_tokens_per_microbatch
+        group = n.generations * scored
+        prompts = max(1, min(n.batch_prompts, n.max_loss_tokens_per_microbatch // group,
+                             n.max_tokens_per_microbatch // (n.prompt_tokens + n.generations * n.reply_tokens)))
+        positions = min(n.max_loss_tokens_per_microbatch, prompts * group)
+        tokens = prompts * n.prompt_tokens + positions
+        shape = f"{prompts} prompt{'s' if prompts > 1 else ''} of {n.prompt_tokens} + {positions} reply"
     else:
         micro_rows = max(1, min(n.batch_prompts * n.generations * length, n.max_tokens_per_microbatch) // length)
         positions = min(n.max_loss_tokens_per_microbatch, micro_rows * scored)
@@ -378,9 +399,18 @@ def gb(n: int | float) -> float:
     return n / GB
 
 
+def working_set_fraction(memory_gb: float) -> float:
+    """The share of a Mac's `memory_gb` of unified memory that Metal recommends as a working set."""
+    return SMALL_MAC_FRACTION if memory_gb <= SMALL_MAC_GB else LARGE_MAC_FRACTION
+
+
 def working_set(memory_gb: float) -> float:
     """Bytes a Mac with `memory_gb` of unified memory lets MLX use comfortably."""
-    return memory_gb * GB * WORKING_SET_FRACTION
+    return memory_gb * GB * working_set_fraction(memory_gb)
+
+
+def working_set_note(memory_gb: float) -> str:
+    return f"{memory_gb:g} GB x {working_set_fraction(memory_gb):.0%}"
 
 
 def fitting_sizes(peak: int) -> list[int]:

@@ -6,8 +6,9 @@ Gemma 3 checkpoints of `gemma3_sizes.py`) and reads it as mlx-lm does, with the 
 with. The stage side has one small function per stage kind (`sft_numbers`, `grpo_numbers`, `eval_numbers`,
 `self_play_numbers`) that reads the stage's fields, so a renamed field is changed in one place, in the decoding
 mode the config uses (grammar and words decoding keep 26-entry logit rows, free decoding vocabulary-wide ones).
-`plan_report` is what `wordle-mlx plan` prints: the itemised peak, the Mac memory sizes whose ~75% working set
-holds it and the largest batch that fits a budget (default: this machine's working set).
+`plan_report` is what `wordle-mlx plan` prints: the itemised peak, the Mac memory sizes whose working set holds it
+(`memory.working_set`: two thirds of memory up to 32 GB, three quarters above) and the largest batch that fits a
+budget (default: this machine's working set, Metal's recommended size on a Mac).
 `warn_if_over_working_set` is what `sft` and `train` call before step 1: one line on stderr when the plan exceeds
 this machine's working set.
 """
@@ -26,8 +27,9 @@ from mlx_lm.models import gemma3, gemma3_text
 
 from ..config import read_json_file, resolve_path
 from ..errors import UserError
+from ..runtime import device
 from ..game.feedback import feedback
-from ..llm.model.models import BUILTIN_PREFIX, HF_REPO_PATTERN, metal_available, resolve_model
+from ..llm.model.models import BUILTIN_PREFIX, HF_REPO_PATTERN, resolve_model
 from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages
 from ..llm.play.reply_grammar import effective_mode
 from ..stages.grpo_config import ROLLOUT_BATCH
@@ -74,10 +76,10 @@ def read_json_object(path: Path) -> dict:
     return data
 
 
-def model_dims(config: dict, dtype: str | None, source: str, metal: bool) -> mp.ModelDims:
+def model_dims(config: dict, dtype: str | None, source: str, keeps_stored: bool) -> mp.ModelDims:
     """Dimensions as mlx-lm reads them (its ModelArgs fill the defaults the 4B's config leaves out), the value
-    width our loader ends up with (`dtype`, else the checkpoint's own on Metal and float32 on CPU), and the
-    quantization."""
+    width our loader ends up with (`dtype`, else the checkpoint's own where the default dtype is not float32 (a GPU,
+    or WORDLE_MLX_DEFAULT_DTYPE: `keeps_stored`) and float32 on CPU), and the quantization."""
     kind = config.get("model_type")
     try:
         if kind == "gemma3":
@@ -93,7 +95,7 @@ def model_dims(config: dict, dtype: str | None, source: str, metal: bool) -> mp.
     except (TypeError, ValueError, AttributeError) as e:
         raise UserError(f"{source}: not a Gemma 3 config.json: {e}") from None
     stored = config.get("torch_dtype") or (config.get("text_config") or {}).get("torch_dtype") or "float32"
-    chosen = dtype or (stored if metal else "float32")
+    chosen = dtype or (stored if keeps_stored else "float32")
     if chosen not in DTYPE_BYTES:
         raise UserError(f"{source}: torch_dtype {chosen!r}: expected one of {', '.join(DTYPE_BYTES)}")
     quant = config.get("quantization") or {}
@@ -153,7 +155,8 @@ def sft_numbers(cfg, prompt_tokens: int | None) -> tuple[mp.SFTNumbers, str]:
                             pad_to=cfg.data.pad_to, rank=rank, num_layers=num_layers,
                             keys=tuple(keys) if keys else None, grad_checkpoint=cfg.model.grad_checkpoint,
                             shared_prefix=shared, train_layers=cfg.lora.train_layers,
-                            grammar_loss=cfg.decode != "free", train_free=cfg.train_free)
+                            grammar_loss=cfg.decode != "free", train_free=cfg.train_free,
+                            numpy_loss=not device.has_gpu())
     return numbers, why
 
 
@@ -249,9 +252,10 @@ def with_batch(kind: str, numbers, n: int):
 
 def this_machine_working_set() -> tuple[float, str]:
     """(bytes, where from): Metal's recommended working set, else this machine's RAM."""
-    if metal_available():
+    if device.has_gpu():
         info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
-        return float(info["max_recommended_working_set_size"]), "Metal's recommended working set"
+        if "max_recommended_working_set_size" in info:     # Metal reports it; a CUDA device may not
+            return float(info["max_recommended_working_set_size"]), "Metal's recommended working set"
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "this machine's RAM"
 
 
@@ -259,7 +263,7 @@ def build_plan(kind: str, cfg, model_config: str | None = None, prompt_tokens: i
 
     spec, dtype, numbers_of, batch_field = stage_parts(kind, cfg)
     source = model_config or f"model {spec!r} config.json"
-    dims = model_dims(model_config_dict(spec, model_config), dtype, source, metal_available())
+    dims = model_dims(model_config_dict(spec, model_config), dtype, source, device.default_dtype() != "float32")
     numbers, why = numbers_of(cfg, prompt_tokens)
     return dims, numbers, why, batch_field
 
@@ -270,7 +274,7 @@ def plan_report(kind: str, cfg, model_config: str | None = None, prompt_tokens: 
     fits, and the largest batch within `memory_gb` x the working-set share (default: this machine's)."""
     dims, numbers, why, batch_field = build_plan(kind, cfg, model_config, prompt_tokens)
     plan = plan_for(kind, dims, numbers)
-    budget, where = ((mp.working_set(memory_gb), f"{memory_gb:g} GB x {mp.WORKING_SET_FRACTION:.0%}")
+    budget, where = ((mp.working_set(memory_gb), mp.working_set_note(memory_gb))
                      if memory_gb else this_machine_working_set())
     largest = mp.largest_fitting(lambda n: plan_for(kind, dims, with_batch(kind, numbers, n)), budget)
     return {"stage": kind, "model": stage_parts(kind, cfg)[0],

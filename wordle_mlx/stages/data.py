@@ -34,7 +34,7 @@ from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
 from ..game.thinking import ThinkStyle, think_text
 from ..game.words import BUILTIN_LISTS
-from ..llm.model.models import resolve_model
+from ..llm.model.models import download_model, resolve_model
 from ..llm.play.prompts import NOT_FIVE_LETTERS, PromptConfig, TurnText, build_messages, format_reply
 from ..llm.training.sft_data import invalid_reply, replay_problem
 from ..runtime.progress import console, progress_bar
@@ -97,7 +97,7 @@ class DataConfig(StrictModel):
 @functools.lru_cache(maxsize=2)
 def load_tokenizer_for(spec: str):
     """The tokenizer of model `spec`, loaded once per run (the word set and the target counts share it)."""
-    return load_tokenizer(resolve_model(spec))
+    return load_tokenizer(download_model(resolve_model(spec), spec, weights=False))
 
 
 def retry_note(kind: str, guess: str) -> str:

@@ -1,6 +1,7 @@
 """`wordle-mlx doctor`: what this machine gives MLX.
 
-Reports the platform, the mlx and mlx-lm versions, the default device, which BLAS the process has
+Reports the platform, the mlx and mlx-lm versions, the default device, whether MLX has a GPU and the dtype
+models load in by default (`runtime/device.py`), which BLAS the process has
 loaded, and fp32 matmul GFLOP/s for MLX and numpy measured side by side in one run (best of a few
 repeats of an N x N matmul). On Linux the CLI re-executes itself with OpenBLAS preloaded first, so
 this shows what every other command gets.
@@ -17,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..runtime.blas import describe_blas
+from ..runtime import device
 from ..config import StrictModel
 from ..runtime.progress import console
 
@@ -63,7 +65,8 @@ def run(cfg: DoctorConfig) -> dict:
         "mlx_version": mx.__version__,
         "mlx_lm_version": _version("mlx-lm"),
         "device": str(mx.default_device()),
-        "metal_available": bool(mx.metal.is_available()),
+        "gpu": device.has_gpu(),
+        "default_dtype": device.default_dtype(),
         "blas": describe_blas(),
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),

@@ -1,6 +1,6 @@
 """`wordle-mlx export`: a trained player as one GGUF file for llama.cpp, its reply grammar, and an Ollama Modelfile.
 
-Loads the base model with the LoRA adapter (mlx-lm's loader), and writes every text weight of the Gemma 3 model with
+Loads the base model with the LoRA adapter (mlx-lm's loader; a float model in its stored dtype), and writes every text weight of the Gemma 3 model with
 the LoRA fused in float32 (W + scale * B^T A^T, as mlx-lm's `fuse` computes it, but in float32 whatever the base
 dtype; a 4-bit base is dequantised first), one tensor at a time, through `llm.model.gguf_export` as `dtype` float32,
 float16 or q8 (GGUF's f32, f16, q8_0). Only text weights are written: a Gemma 3 4B folder's vision tower and
@@ -26,14 +26,11 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Optional
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.tuner.lora import LoRALinear
-from pydantic import Field, field_validator
-
-from ..config import StrictModel, display_path, read_json_file, resolve_path
+from ..config import display_path, read_json_file, resolve_path
 from ..errors import UserError
 from ..storage.fileio import atomic_path
 from ..game.words import guess_list
@@ -45,29 +42,26 @@ from ..llm.model.tokenizer_build import GEMMA3_CHAT_TEMPLATE
 from ..llm.play.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
 from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
 from ..llm.play.reply_grammar import adapter_decoding, effective_mode
+from ..planning.fuse_plan import stored_float_dtype
+from ..planning.stage_plan import model_config_dict
 from ..runtime.progress import console
 from .export_files import STOP_PIECE, USAGE_SUFFIX, modelfile_text, usage_text
-from .precision import EXPORT_DTYPES, GGUF_TYPES, accepted_dtype
+from .export_config import ExportConfig
+from .precision import GGUF_TYPES
 
 DEFAULT_MODEL = "builtin:gemma-3-270m"
 NON_TEXT_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 META_PROMPT, META_SYSTEM = "wordle_mlx.prompt", "wordle_mlx.system_prompt"
 
 
-class ExportConfig(StrictModel):
-    adapter: str
-    out: str
-    model: Optional[str] = None          # default: the adapter's base_model, else builtin:gemma-3-270m
-    dtype: str = Field("float32", description="Matrix storage: float32, float16 or q8 (GGUF's f32, f16, q8_0; norms "
-                       "stay float32); the vocabulary of `stages/precision.py`.")
-    overwrite: bool = False
-    ollama: Optional[bool] = None        # None: a Modelfile when the adapter can play free; True: required
-    json_output: bool = False
-
-    @field_validator("dtype")
-    @classmethod
-    def _export_writes(cls, value: str) -> str:
-        return accepted_dtype("export", value, EXPORT_DTYPES)
+def stored_dtype(spec: str) -> str | None:
+    """The float dtype the model stores its weights in, to load them as they are: every tensor is written fused in
+    float32 one at a time, so a float32 copy of a bf16 model (twice its size) is never needed. None (the
+    loader's default: float32 scales, dequantized exactly) for a quantized model or one whose config is not found."""
+    try:
+        return stored_float_dtype(model_config_dict(spec, None))
+    except UserError:
+        return None
 
 
 def read_adapter(folder: Path) -> dict:
@@ -216,7 +210,7 @@ def run(cfg: ExportConfig) -> dict:
         print(f"warning: {no_modelfile}; writing the GGUF and its llama.cpp grammar, no Ollama Modelfile",
               file=sys.stderr)
     spec = cfg.model or adapter_cfg.get("base_model") or DEFAULT_MODEL
-    model, tokenizer = load_model(spec, adapter_path=adapter)
+    model, tokenizer = load_model(spec, adapter_path=adapter, dtype=stored_dtype(spec))
     text = getattr(model, "language_model", model)
     args = text_args(model, spec)
     folder = local_model_folder(resolve_model(spec))   # a Hub id: downloaded by mlx-lm's loader already

@@ -18,53 +18,34 @@ Only then is the folder renamed to `out`; on any mismatch the half-written outpu
 fails with a one-line error. The vision part of a multimodal checkpoint (Gemma 3 4B's `vision_tower`,
 `multi_modal_projector`, `vision_config`) is dropped, since mlx-lm loads the language model only: the output
 is a text-only mlx-lm folder whose config.json matches its weights (mlx-lm and LM Studio load it as text).
+
+Memory: no second full copy of the weights is ever alive. Each LoRA layer is fused, checked and put in its own
+place before the next (its base weight then freed), `--dequantize` dequantizes the other quantized layers one at a
+time the same way, `save` writes the model's own arrays shard by shard and gives them up as it goes, and the
+first model is freed before the saved folder is loaded back. The peak is the larger of the base as loaded and
+the output as saved, plus one layer's check and the check's logits (`planning/fuse_plan.py` plans it).
 """
 
 from __future__ import annotations
 
+import gc
 import shutil
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import mlx_lm
-from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.utils import dequantize_model, load_config as load_model_config, save
-from pydantic import Field, field_validator
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx_lm.utils import load_config as load_model_config, save
 
-from ..config import StrictModel, display_path
+from ..config import display_path
 from ..errors import UserError
 from ..llm.model.cpu_kernels import use_fast_gelu
 from ..llm.model.fuse_bounds import logits_limit, unit_roundoff, weight_error
 from ..llm.model.lora import lora_disabled
 from ..llm.model.models import load_model, local_model_folder, resolve_model
 from ..llm.play.prompts import PromptConfig, build_messages
-from .precision import FUSE_DTYPES, accepted_dtype
-
-
-def use_fast_gelu_like(fresh, loaded_by_us):
-    """`fresh` (loaded by plain mlx-lm) with the GELU kernel `loaded_by_us` (`llm.model.models.load_model`) uses."""
-    if any(type(m).__name__.startswith("FastGelu") for _, m in loaded_by_us.named_modules()):
-        use_fast_gelu(fresh)
-    return fresh
-
-
-class FuseConfig(StrictModel):
-    model: str = "builtin:gemma-3-270m"
-    adapter: str
-    out: str
-    dtype: str | None = Field(None, description="float32, bfloat16 or float16 (default: float32 on CPU); the "
-                              "vocabulary of `stages/precision.py`.")
-    rtol: float = Field(1e-4, ge=0, description="Relative tolerance (to the largest |logit|) of the check, on top "
-                        "of the rounding and quantization allowance of `fuse_bounds.logits_limit`.")
-    atol: float = Field(1e-4, ge=0)
-    dequantize: bool = Field(False, description="Quantized base: write the fused model dequantized (in the base's "
-                             "float dtype, or `dtype`) rather than re-quantized.")
-    overwrite: bool = False
-
-    @field_validator("dtype")
-    @classmethod
-    def _fuse_writes(cls, value: str | None) -> str | None:
-        return accepted_dtype("fuse", value, FUSE_DTYPES)
+from .fuse_config import FuseConfig
 
 
 REQUANTIZED_SHARE = 0.5    # a re-quantized fuse may be off base + adapter by at most this share of the adapter's effect
@@ -77,19 +58,60 @@ def check_batch(tokenizer) -> list[int]:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
 
 
+def submodule(model, name: str):
+    """The module at dotted path `name` ("model.layers.3.mlp.up_proj")."""
+    module = model
+    for part in name.split("."):
+        module = module[int(part)] if isinstance(module, list) else module[part]
+    return module
+
+
+def replace_modules(model, names: list[str], make) -> None:
+    """Replace each module named in `names`, one at a time, by `make(name, module)` (evaluated), in its own place:
+    the old module's arrays are freed before the next is made, so only one layer is ever held twice."""
+    for name in names:
+        module = submodule(model, name)
+        layer = make(name, module)
+        mx.eval(layer.parameters())
+        model.update_modules(tree_unflatten([(name, layer)]))
+        del module, layer
+
+
 def fuse_lora_layers(model, dequantize: bool = False, check=None) -> int:
-    """Replace every module that has `fuse()` (mlx-lm's LoRA layers) by its fused layer; returns how many.
-    `check(name, lora_layer, fused_layer)` runs on each pair as it is made (one layer's copies at a time)."""
-    fused = []
-    for name, module in [(n, m) for n, m in model.named_modules() if hasattr(m, "fuse")]:
+    """Replace every module that has `fuse()` (mlx-lm's LoRA layers) by its fused layer, in place and one at a
+    time; returns how many. `check(name, lora_layer, fused_layer)` runs on each pair before the swap."""
+    names = [n for n, m in model.named_modules() if hasattr(m, "fuse")]
+
+    def fused(name, module):
         layer = module.fuse(dequantize=dequantize)
         mx.eval(layer.parameters())
         if check is not None:
             check(name, module, layer)
-        fused.append((name, layer))
-    if fused:
-        model.update_modules(tree_unflatten(fused))
-    return len(fused)
+        return layer
+
+    replace_modules(model, names, fused)
+    return len(names)
+
+
+def dense_layer(name, module):
+    """A quantized linear or embedding as its float twin (mlx-lm's `dequantize_model`, for one module)."""
+    weight = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits,
+                           mode=getattr(module, "mode", "affine"))
+    if isinstance(module, nn.QuantizedEmbedding):
+        layer = nn.Embedding(*weight.shape)
+    else:
+        layer = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+        if "bias" in module:
+            layer.bias = module.bias
+    layer.weight = weight
+    return layer
+
+
+def dequantize_in_place(model) -> int:
+    """Dequantize every quantized linear and embedding left, one module at a time; returns how many."""
+    names = [n for n, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    replace_modules(model, names, dense_layer)
+    return len(names)
 
 
 def without_adapter(model, inputs):
@@ -126,17 +148,30 @@ def check_fused_logits(fused, reference, layers: int, requantized: bool, adapter
     return diff, scale, limit
 
 
-def run(cfg: FuseConfig) -> dict:
+def free_model(model) -> None:
+    """Give the model's arrays back before the next load: drop every parameter, collect, clear MLX's cache."""
+    model.update(tree_map(lambda _: mx.array([]), model.parameters()))
+    gc.collect()
+    mx.clear_cache()
+
+
+def run(cfg: FuseConfig, check_logits: bool = True) -> dict:
+    """Fuse, save, load back and check. `check_logits=False` (benchmarks/gemma3_4b_size.py's full-size 4-bit
+    run, whose forward passes take most of an hour on a CPU) keeps the weight and tokenizer checks and the
+    round trip through disk, and leaves out the forward passes and their logit checks."""
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
         raise UserError(f"--out {display_path(out)}: already exists; pass --overwrite to replace it")
     model, tokenizer = load_model(cfg.model, adapter_path=cfg.adapter, dtype=cfg.dtype)
     tokens = check_batch(tokenizer)
     inputs = mx.array([tokens])
-    reference = model(inputs)
-    base_logits = without_adapter(model, inputs)        # what the adapter changes is what a fuse must keep
-    mx.eval(reference, base_logits)
-    adapter_effect, _ = max_difference(reference, base_logits)
+    reference = adapter_effect = None
+    if check_logits:
+        reference = model(inputs)
+        base_logits = without_adapter(model, inputs)        # what the adapter changes is what a fuse must keep
+        mx.eval(reference, base_logits)
+        adapter_effect, _ = max_difference(reference, base_logits)
+        del base_logits
     rho = 0.0
 
     def check_weights(name, lora_layer, fused_layer):
@@ -154,35 +189,43 @@ def run(cfg: FuseConfig) -> dict:
     config = load_model_config(source)
     quantized = "quantization" in config or "quantization_config" in config
     if cfg.dequantize:
-        model = dequantize_model(model)
+        dequantize_in_place(model)
         for section in (config, config.get("text_config", {})):    # mlx-lm reads either
             section.pop("quantization", None)
             section.pop("quantization_config", None)
     has_vision = "vision_config" in config
-    weights = [v for k, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
-               and not k.endswith(("scales", "biases"))]
-    config["torch_dtype"] = str(weights[0].dtype).replace("mlx.core.", "")
+    dtype = next(v.dtype for k, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
+                 and not k.endswith(("scales", "biases")))
+    config["torch_dtype"] = str(dtype).replace("mlx.core.", "")
     if quantized and cfg.dequantize:     # every other quantized weight is now rounded to the float dtype once
-        rho = max(rho, unit_roundoff(weights[0].dtype))
-    in_memory = model(inputs)            # the fused model as it is saved, before the round trip through disk
-    mx.eval(in_memory)
+        rho = max(rho, unit_roundoff(dtype))
+    in_memory = None
+    if check_logits:
+        in_memory = model(inputs)            # the fused model as it is saved, before the round trip through disk
+        mx.eval(in_memory)
     requantized = quantized and not cfg.dequantize
+    layers, fast_gelu = len(model.layers), any(type(m).__name__.startswith("FastGelu") for _, m in model.named_modules())
     tmp = out.with_name(f".{out.name}.fusing")
     shutil.rmtree(tmp, ignore_errors=True)
+    diff = scale = limit = None
     try:
-        save(tmp, source, model, tokenizer, config, donate_model=False)
+        save(tmp, source, model, tokenizer, config, donate_model=True)     # shard by shard, each array given up
+        free_model(model)                                                   # before the saved copy is loaded
+        del model
         fused_model, fused_tok = mlx_lm.load(str(tmp))
-        fused = fused_model(inputs)
-        same_kernels = use_fast_gelu_like(fused_model, model)       # the in-memory model's GELU kernel too
-        saved_diff, saved_scale = max_difference(same_kernels(inputs), in_memory)   # same weights: rounding only
-        saved_limit = logits_limit(saved_scale, len(model.layers), reference.dtype, 0.0, cfg.rtol, cfg.atol)
-        if not saved_diff <= saved_limit:
-            raise UserError(f"fuse check failed: the saved model's logits differ from the fused model's in memory by "
-                            f"{saved_diff:.3g} (limit {saved_limit:.3g}); output removed")
-        diff, scale, limit = check_fused_logits(fused, reference, len(model.layers), requantized, adapter_effect,
-                                                rho, cfg)
+        if check_logits:
+            fused = fused_model(inputs)
+            if fast_gelu:                                  # the in-memory model's GELU kernel too
+                use_fast_gelu(fused_model)
+            saved_diff, saved_scale = max_difference(fused_model(inputs), in_memory)   # same weights: rounding only
+            saved_limit = logits_limit(saved_scale, layers, reference.dtype, 0.0, cfg.rtol, cfg.atol)
+            if not saved_diff <= saved_limit:
+                raise UserError(f"fuse check failed: the saved model's logits differ from the fused model's in memory "
+                                f"by {saved_diff:.3g} (limit {saved_limit:.3g}); output removed")
+            diff, scale, limit = check_fused_logits(fused, reference, layers, requantized, adapter_effect, rho, cfg)
         if check_batch(fused_tok) != tokens:
             raise UserError("fuse check failed: the saved tokenizer/chat template renders prompts differently; output removed")
+        del fused_model
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -191,6 +234,7 @@ def run(cfg: FuseConfig) -> dict:
         raise
     output = "dequantized" if quantized and cfg.dequantize else "re-quantized" if quantized else "float"
     return {"out": display_path(out), "fused_layers": n_fused, "max_abs_logit_diff": diff, "max_abs_logit": scale,
-            "tolerance": limit, "within_tolerance": bool(diff <= limit), "adapter_effect": adapter_effect,
-            "weight_perturbation": rho, "dtype": config["torch_dtype"], "output": output,
-            "vision": VISION_NOTE if has_vision else "none in the base model"}
+            "tolerance": limit, "within_tolerance": None if diff is None else bool(diff <= limit),
+            "adapter_effect": adapter_effect, "weight_perturbation": rho, "dtype": config["torch_dtype"],
+            "output": output, "vision": VISION_NOTE if has_vision else "none in the base model",
+            "logits_checked": check_logits}

@@ -1,10 +1,10 @@
 """`wordle-mlx model import`: write a model as a self-contained mlx-lm folder.
 
 The source is a Gemma 3 `.gguf` file, `builtin:gemma-3-270m` (the bundled GGUF) or `builtin:tiny-random`. GGUF
-sources are dequantised to `dtype` (float32 on CPU, bfloat16 with Metal by default), or with `dtype` q8 / q4 have
-their linear layers re-quantised to 8 or 4 bits (the rest in the default float type); the folder is built beside
-`out` and renamed into place, and an existing non-empty `out` is refused. The result loads with plain
-`mlx_lm.load(out)` or `--model out`.
+sources are dequantised to `dtype` (by default float32 on CPU and bfloat16 with a GPU: `runtime/device.py`), or
+with `dtype` q8 / q4 have their linear layers re-quantised to 8 or 4 bits (the rest in the default float type);
+the folder is built beside `out` and renamed into place, and an existing non-empty `out` is refused. The result
+loads with plain `mlx_lm.load(out)` or `--model out`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class ModelImportConfig(StrictModel):
     source: str
     out: Optional[str] = None           # None: import into the user cache (what --model builtin:... uses)
     dtype: Optional[str] = Field(None, description="float32, bfloat16, float16, q8 or q4 (default: float32 on CPU, "
-                                 "bfloat16 with Metal); the vocabulary of `stages/precision.py`.")
+                                 "bfloat16 with a GPU, or WORDLE_MLX_DEFAULT_DTYPE); the vocabulary of "
+                                 "`stages/precision.py`.")
     q_group_size: Literal[32, 64, 128] = 64
     json_output: bool = False
 

@@ -17,7 +17,9 @@ custom function, on row blocks in parallel threads (`benchmarks/cpu_kernels.py`:
 logits, value and gradient; the matmuls around it stay in MLX). Narrow rows (the grammar loss's 26 letters) stay in
 MLX, where the numpy round trip would cost more than it saves. Its gradient flushes softmax entries too small to
 matter to 0: a trained model's logits spread so widely that many would be subnormal, which slows the matmul that
-carries the gradient back through the head (a `train_free` step 1.34x faster).
+carries the gradient back through the head (a `train_free` step 1.34x faster). The trainer's step runs it inside
+`numpy_after_trace()`, so that numpy reads the logits after the gradient's trace, not during it (which kept every
+intermediate of the forward pass alive: 10.1 GB against 2.7 GB for the 270M's step at batch 16).
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import gemma3_text
+
+from ...runtime import device
 
 _TANH_CLAMP = 7.90531110763549805   # beyond this, float32 tanh is +-1
 _TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
@@ -112,28 +117,20 @@ def _by_rows(fn, n: int) -> None:
     list(_POOL.map(fn, blocks[:-1], blocks[1:]))
 
 
-@mx.custom_function
-def _cross_entropy_numpy(logits: mx.array, targets: mx.array) -> mx.array:
-    y = np.asarray(logits)                 # evaluates the logits (the graph behind them is kept for the gradient)
-    t = np.asarray(targets)
-    out = np.empty(y.shape[0], dtype=np.float32)
-
+def _loss_rows(y: np.ndarray, t: np.ndarray, out: np.ndarray, scratch: np.ndarray | None = None) -> None:
+    """out[i] = log-sum-exp(y[i]) - y[i, t[i]]; `scratch` (y's shape) holds the exponentials when given."""
     def rows(a: int, b: int) -> None:
         top = y[a:b].max(axis=-1, keepdims=True)
-        shifted = np.subtract(y[a:b], top)
+        shifted = np.subtract(y[a:b], top, out=None if scratch is None else scratch[a:b])
         np.exp(shifted, out=shifted)
         # log-sum-exp minus the target's logit, the maximum cancelled exactly (top - target, not lse - target)
         out[a:b] = np.log(shifted.sum(axis=-1)) + (top[:, 0] - y[np.arange(a, b), t[a:b]])
 
     _by_rows(rows, y.shape[0])
-    return mx.array(out)
 
 
-@_cross_entropy_numpy.vjp
-def _cross_entropy_numpy_vjp(primals, cotangent, output):
-    logits, targets = primals
-    y, t, c, loss = np.asarray(logits), np.asarray(targets), np.asarray(cotangent), np.asarray(output)
-    grad = np.empty_like(y)
+def _grad_rows(y: np.ndarray, t: np.ndarray, c: np.ndarray, loss: np.ndarray, grad: np.ndarray) -> None:
+    """grad = c x (softmax(y) - one_hot(t)) per row, given the rows' `loss` (log-sum-exp minus the target's logit)."""
     # softmax entries below _FLUSH / |c| are set to 0: times c they would be below _FLUSH, nothing next to the
     # row's other entries, but a trained model's logits span enough that many would be subnormal, and the matmul
     # that carries this gradient back through the head runs several times slower on subnormal operands (x86
@@ -151,13 +148,104 @@ def _cross_entropy_numpy_vjp(primals, cotangent, output):
         g[r - a, t[a:b]] -= c[a:b]
 
     _by_rows(rows, y.shape[0])
+
+
+@mx.custom_function
+def _cross_entropy_numpy(logits: mx.array, targets: mx.array) -> mx.array:
+    y = np.asarray(logits)                 # evaluates the logits (the graph behind them is kept for the gradient)
+    out = np.empty(y.shape[0], dtype=np.float32)
+    _loss_rows(y, np.asarray(targets), out)
+    return mx.array(out)
+
+
+@_cross_entropy_numpy.vjp
+def _cross_entropy_numpy_vjp(primals, cotangent, output):
+    logits, targets = primals
+    y = np.asarray(logits)
+    grad = np.empty_like(y)
+    _grad_rows(y, np.asarray(targets), np.asarray(cotangent), np.asarray(output), grad)
     return mx.array(grad), mx.zeros_like(targets)
+
+
+class _Deferred:
+    """One cross-entropy met while `numpy_after_trace` is open: MLX arrays whose numpy work waits until the
+    gradient's graph is built. `loss` (evaluated now) and `grad` (evaluated in `compute`) are filled in place."""
+
+    def __init__(self, logits: mx.array, targets: mx.array):
+        self.logits, self.targets = logits, targets
+        self.loss = mx.zeros((logits.shape[0],), dtype=mx.float32)
+        mx.eval(self.loss)
+        self.cotangent: mx.array | None = None
+        self.grad: mx.array | None = None
+
+    def function(self):
+        """A custom function of (logits, targets) whose value is `loss` and whose gradient is `grad`."""
+        @mx.custom_function
+        def deferred(logits, targets):
+            return self.loss
+
+        @deferred.vjp
+        def deferred_vjp(primals, cotangent, output):
+            self.cotangent = cotangent
+            self.grad = mx.zeros(self.logits.shape, dtype=mx.float32)     # evaluated after the logits, in compute
+            return self.grad, mx.zeros_like(self.targets)
+
+        return deferred
+
+    def compute(self) -> None:
+        y, t, loss = np.asarray(self.logits), np.asarray(self.targets), _writable(self.loss)
+        if self.grad is None:
+            _loss_rows(y, t, loss)
+            return
+        mx.eval(self.grad)
+        grad = _writable(self.grad)
+        _loss_rows(y, t, loss, scratch=grad)      # the gradient's buffer holds the exponentials meanwhile
+        _grad_rows(y, t, np.asarray(self.cotangent), loss, grad)
+
+
+def _writable(a: mx.array) -> np.ndarray:
+    """A numpy view of an evaluated MLX array that writes into its buffer (what later operations on it read)."""
+    view = np.asarray(a)
+    if not (view.flags.writeable and view.flags.c_contiguous):
+        raise RuntimeError("cpu_kernels: an MLX buffer to fill in place is not a writable contiguous array")
+    return view
+
+
+_pending: list[_Deferred] | None = None       # inside numpy_after_trace: the cross-entropies waiting for it
+
+
+@contextmanager
+def numpy_after_trace():
+    """Around a `value_and_grad` call: the numpy cross-entropies it meets run after it returns, not inside it.
+
+    Inside the trace, `np.asarray(logits)` evaluates the forward pass there, and MLX keeps every array of a graph
+    evaluated while a gradient is being traced (it does not free the intermediates a later pass needs no more), so
+    a `train_free` step of the 270M at batch 16 peaked at 10.1 GB instead of 3.1 GB (benchmarks/memory_plan.py).
+    Here each one returns MLX buffers (its loss rows and its gradient) in the graph and leaves them empty; after
+    the trace the logits are evaluated (freeing what the gradient does not need, as a normal step does) and numpy
+    fills the buffers in place, before anything reads them: the caller evaluates the loss and the gradient only
+    after this block. Same values as the eager path."""
+    global _pending
+    outer, _pending = _pending, []
+    try:
+        yield
+        work = _pending
+    finally:
+        _pending = outer
+    if work:
+        mx.eval([w.logits for w in work] + [w.cotangent for w in work if w.cotangent is not None])
+        for w in work:
+            w.compute()
 
 
 def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
     """`nn.losses.cross_entropy(logits, targets)` for (N, V) float32 logits and (N,) token ids: one loss per row;
     on the CPU device and for wide rows through numpy's exp (see the module docstring)."""
-    if (mx.default_device() != mx.cpu or logits.ndim != 2 or logits.dtype != mx.float32
+    if (device.has_gpu() or logits.ndim != 2 or logits.dtype != mx.float32
             or logits.shape[1] < _NUMPY_MIN_WIDTH):
         return nn.losses.cross_entropy(logits, targets)
+    if _pending is not None:
+        deferred = _Deferred(logits, targets)
+        _pending.append(deferred)
+        return deferred.function()(logits, targets)
     return _cross_entropy_numpy(logits, targets)

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import models
+from ...runtime import device
 
 CACHE_FRACTION = 0.25     # of the recommended working set
 
 
 def configure_metal_memory(cache_fraction: float = CACHE_FRACTION) -> dict:
-    """Set the wired and cache limits on Metal; returns what was set, in bytes ({} without Metal)."""
-    if not models.metal_available():
+    """Set the wired and cache limits on a GPU that reports a recommended working set (Metal); returns what
+    was set, in bytes ({} on CPU, or when the device reports none)."""
+    if not device.has_gpu():
         return {}
     working_set = mx.device_info().get("max_recommended_working_set_size")
     if not working_set:

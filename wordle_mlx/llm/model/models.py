@@ -26,13 +26,15 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 import mlx_lm.utils as mlx_utils
-from huggingface_hub import snapshot_download
 from mlx.utils import tree_flatten
 from mlx_lm.tuner.utils import load_adapters
 
 from ...config import read_json_file
 from ...errors import UserError
+from ...runtime import device
+from ...runtime.device import DTYPES
 from ...storage.fileio import cache_dir, publish_dir, write_json_atomic
+from . import hub
 from .cpu_kernels import use_fast_gelu
 from .gguf_import import bundled_gemma_270m_gguf, import_gguf
 from .lora import lora_to_float32
@@ -40,26 +42,13 @@ from .tiny_model import make_tiny_model_dir
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny-random", "gemma-3-270m")
-DTYPES = ("float32", "bfloat16", "float16")
 BUILD_FORMAT_VERSION = 1  # bump when the tiny model or the GGUF import changes
 BUILD_MARKER = "wordle_mlx_build.json"
 HF_REPO_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def metal_available() -> bool:
-    try:
-        return bool(mx.metal.is_available())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def default_dtype() -> str:
-    """bfloat16 where Metal is available, float32 on CPU."""
-    return "bfloat16" if metal_available() else "float32"
-
-
 def check_dtype(dtype: str | None) -> str:
-    dtype = dtype or default_dtype()
+    dtype = dtype or device.default_dtype()
     if dtype not in DTYPES:
         raise UserError(f"dtype: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return dtype
@@ -168,12 +157,15 @@ def resolve_model(spec: str, dtype: str | None = None) -> Path | str:
     raise UserError(f"model {spec!r}: no such folder or file, and not a Hugging Face repo id (owner/name)")
 
 
-def download_model(location: Path | str) -> Path:
+def download_model(location: Path | str, spec: str | None = None, weights: bool = True) -> Path:
     """The folder of a model `resolve_model` located, as mlx-lm's loader finds it: a local folder as it is, a Hub
-    id downloaded (or found in the Hugging Face cache) with the files mlx-lm fetches (`DEFAULT_ALLOW_PATTERNS`)."""
+    id downloaded (or found in the Hugging Face cache) with the files mlx-lm fetches (`DEFAULT_ALLOW_PATTERNS`;
+    without `weights`, all but model*.safetensors, as mlx-lm's tokenizer loader does). A Hub refusal (gated, not
+    found, no token, offline) is a one-line `UserError` naming `spec` (`hub.py`)."""
     path = Path(str(location))
     if not path.exists():
-        path = Path(snapshot_download(str(location), allow_patterns=mlx_utils.DEFAULT_ALLOW_PATTERNS))
+        patterns = [p for p in mlx_utils.DEFAULT_ALLOW_PATTERNS if weights or not p.endswith(".safetensors")]
+        path = hub.download(str(location), spec or str(location), patterns)
     return path
 
 
@@ -191,9 +183,10 @@ def describe_model_dir(path: Path) -> dict:
 
 
 def cast_model(model, dtype: str | None) -> None:
-    """Cast floating-point parameters: to `dtype` if given, else to float32 on CPU if they are half precision."""
+    """Cast floating-point parameters: to `dtype` if given; else, where the default dtype is float32 (CPU), to
+    float32 if they are half precision, and where it is not (a GPU, or WORDLE_MLX_DEFAULT_DTYPE), keep the model's."""
     if dtype is None:
-        if metal_available():
+        if device.default_dtype() != "float32":
             return
         halves = {mx.bfloat16, mx.float16}
         if not any(v.dtype in halves for _, v in tree_flatten(model.parameters())):
@@ -235,7 +228,7 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
             if not (adapter / needed).is_file():
                 raise UserError(f"adapter {str(adapter_path)!r}: missing {needed}")
     try:
-        model_path = download_model(location)       # a local folder as it is, a Hub id downloaded
+        model_path = download_model(location, spec)     # a local folder as it is, a Hub id downloaded
         model, config = mlx_utils.load_model(model_path)
         tokenizer = load_tokenizer(model_path, config.get("eos_token_id"))
     except (OSError, ValueError) as exc:
@@ -260,6 +253,6 @@ def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: 
             raise UserError(f"adapter {str(adapter_path)!r} does not fit model {spec!r}: {detail}") from None
         model.eval()
         lora_to_float32(model)       # an adapter saved in bfloat16 trains and plays in float32
-    if not metal_available() and not os.environ.get("WORDLE_MLX_EXACT_GELU"):
+    if not device.has_gpu() and not os.environ.get("WORDLE_MLX_EXACT_GELU"):
         use_fast_gelu(model)
     return model, tokenizer

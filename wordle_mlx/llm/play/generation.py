@@ -40,6 +40,7 @@ from pydantic import Field
 
 from ...config import StrictModel
 from ...errors import UserError
+from ...runtime import device
 from .letter_decoder import LetterPolicy, decode_letters
 from .reply_grammar import LetterGrammar, WordTrie
 from .tokens import common_prefix_length, end_token_ids, reply_end_id
@@ -107,7 +108,7 @@ def inverse_cdf_sampler(temperature: float):
 def make_sampler_for(cfg: SamplingConfig):
     """mlx-lm's sampler for `cfg`, or the inverse-CDF one for plain temperature sampling on CPU."""
     plain = cfg.top_p >= 1.0 and cfg.top_k == 0 and cfg.min_p == 0.0
-    if cfg.temperature > 0 and plain and mx.default_device() == mx.cpu:
+    if cfg.temperature > 0 and plain and not device.has_gpu():
         return inverse_cdf_sampler(cfg.temperature)
     return make_sampler(cfg.temperature, top_p=cfg.top_p if cfg.top_p < 1.0 else 0.0,
                         min_p=cfg.min_p, top_k=cfg.top_k)

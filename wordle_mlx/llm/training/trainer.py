@@ -34,6 +34,7 @@ from ...storage.fileio import write_json_atomic
 from ...storage.metrics import MetricsWriter, truncate_after_step
 from ...runtime.progress import console, progress_bar
 from ...runtime.stop_signals import StopSignals, agreed_stop
+from ..model.cpu_kernels import numpy_after_trace
 from ..model.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
 from ..model.memory import free_cache
 from .distributed import NullWriter, World, check_world_size, write_weights_hash
@@ -105,7 +106,8 @@ def accumulate_gradients(model, loss_and_grad, batch: Batch, world: World):
     union of the ranks' micro-batches)."""
     grads, total, stats = None, 0.0, {}
     for args in batch.micro_batches:
-        (loss, aux), g = loss_and_grad(model, *args)
+        with numpy_after_trace():        # a numpy cross-entropy evaluating inside the trace would keep its graph
+            (loss, aux), g = loss_and_grad(model, *args)
         grads = g if grads is None else tree_map(mx.add, grads, g)
         mx.eval(grads, loss, aux)
         total += loss.item()

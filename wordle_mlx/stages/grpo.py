@@ -33,8 +33,8 @@ from ..llm.play.rollout import GameSpec, RolloutConfig
 from ..llm.training.distributed import init_world
 from ..llm.training.policy import load_policy, start_adapter
 from ..llm.training.rl import GRPOBatches, LossSettings, Player, UpdateSettings, grpo_loss_fn, step_seed
-from ..llm.training.run_folder import open_run, saved_config
-from ..llm.training.trainer import TrainingArgs, make_optimizer, train
+from ..llm.training.run_folder import open_run, training_args
+from ..llm.training.trainer import make_optimizer, train
 from .pattern_table import load_table
 from .grpo_config import ROLLOUT_BATCH, GRPOConfig
 from ..planning.stage_plan import warn_if_over_working_set
@@ -130,12 +130,9 @@ def run(cfg: GRPOConfig, generate_fn=None) -> dict:
             return None
         return validation_record(model, tokenizer, valid_games, valid_rollout, allowed, world)
 
-    args = TrainingArgs(
-        steps=cfg.run.steps, run_dir=run_dir, adapter_config=adapter_cfg, stage=cfg.STAGE,
-        config=saved_config(cfg, run_dir, {"model.adapter": adapter}), max_grad_norm=cfg.optimizer.max_grad_norm,
-        steps_per_eval=cfg.validation.every, steps_per_save=cfg.run.save_every, keep_best=True,
-        resume=cfg.run.resume is not None, progress=cfg.run.progress, report_to=cfg.run.report_to,
-        schedule=schedule, progress_text=progress_text, run_fields={"decode": mode},
+    args = training_args(
+        cfg, run_dir, adapter_cfg, {"model.adapter": adapter}, schedule, keep_best=True, progress_text=progress_text,
+        run_fields={"decode": mode},
         describe=f"{rl.batch_prompts} boards x {rl.num_generations} replies a step in {mode} decoding, "
                  f"{trainable / 1e6:.2f}M trainable parameters")
     return train(model, optimizer, grpo_loss_fn(settings.loss), batches, args, evaluate, world=world)

@@ -30,9 +30,9 @@ from ..llm.play.prompts import PromptConfig, system_prompt
 from ..llm.play.rollout import GameSpec, RolloutConfig
 from ..llm.training.distributed import init_world
 from ..llm.training.policy import load_policy, start_adapter
-from ..llm.training.run_folder import open_run, saved_config
+from ..llm.training.run_folder import open_run, training_args
 from ..llm.training.sft_loss import LetterLoss, SFTBatch, letter_loss, loss_sum, make_batch
-from ..llm.training.trainer import Batch, TrainingArgs, make_optimizer, train
+from ..llm.training.trainer import Batch, make_optimizer, train
 from ..llm.training.sft_data import read_sft_jsonl
 from ..planning.stage_plan import warn_if_over_working_set
 from .sft_config import SFTConfig
@@ -197,12 +197,8 @@ def run(cfg: SFTConfig) -> dict:
     optimizer, schedule = make_optimizer(cfg.optimizer, cfg.run.steps)
     rollout = RolloutConfig(prompt=prompt, max_tokens_per_turn=cfg.max_tokens,
                             **({"decode": "words"} if cfg.decode == "words" else {}))
-    args = TrainingArgs(
-        steps=cfg.run.steps, run_dir=run_dir, adapter_config=adapter_cfg, stage=cfg.STAGE,
-        config=saved_config(cfg, run_dir, {"data.folder": data_dir, "model.adapter": start_adapter(cfg)}),
-        max_grad_norm=cfg.optimizer.max_grad_norm, steps_per_eval=cfg.validation.every,
-        steps_per_save=cfg.run.save_every, resume=cfg.run.resume is not None, progress=cfg.run.progress,
-        report_to=cfg.run.report_to, schedule=schedule,
+    args = training_args(
+        cfg, run_dir, adapter_cfg, {"data.folder": data_dir, "model.adapter": start_adapter(cfg)}, schedule,
         describe=f"{len(train_records)} examples in {len(train_batches)} batches, {trainable / 1e6:.2f}M trainable "
                  "parameters",
         progress_text=lambda r: f"loss {r['loss']:.3f}  {r['tokens_per_second']:.0f} tok/s",

@@ -65,19 +65,13 @@ class ScoredGames:
     def rates(self) -> dict:
         return rates_from_counts(self.counts)
 
-    @property
-    def wins(self) -> int:
-        return sum(1 for r in self.records if r["won"])
-
 
 def play_scored(model, tokenizer, specs: Sequence[GameSpec], cfg: RolloutConfig, allowed: Collection[str],
-                world=None, progress: Callable | None = None, deadline: float | None = None,
-                generate_fn=None) -> ScoredGames:
+                world=None, progress: Callable | None = None, deadline: float | None = None) -> ScoredGames:
     """Play `specs` greedily or as `cfg` says, each rank its share (`world.shard`), and gather every game's
     record and counts on every rank."""
     mine = world.shard(list(specs)) if world is not None else list(specs)
-    episodes = play_games(model, tokenizer, mine, cfg, allowed, progress=progress, deadline=deadline,
-                          generate_fn=generate_fn) if mine else []
+    episodes = play_games(model, tokenizer, mine, cfg, allowed, progress=progress, deadline=deadline) if mine else []
     replies = [t for ep in episodes for t in ep.turns]
     own = {"counts": game_counts(episodes, replies), "games": [ep.outcome() for ep in episodes]}
     parts = world.gather_json(own, "all_gather of validation games") if world is not None else [own]

@@ -1,15 +1,14 @@
-"""The run folder of a training run: where it lives, the config snapshot it keeps, and its adapter copies.
+"""The run folder of a training run: where it lives, the config snapshot it keeps, and the trainer's arguments.
 
 `open_run(cfg, world)` picks the folder before anything loads (rank 0 decides, every rank gets its path): the
 folder `run.resume` names, or a new one under `run.logs_dir` (a folder already in the way only with
 `run.overwrite`). `saved_config` is the config as the folder keeps it in `config.json` and in the metrics file's
 first record: its paths relative to the run folder, so `--resume` finds them again from anywhere, and resume and
-overwrite off. `copy_adapter` replaces an adapter folder with a copy of another without a half-written moment.
+overwrite off. `training_args` reads the trainer's arguments from the training config's shared sections.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ...config import config_relative_path, display_path, resolve_path
 from ...errors import UserError
 from ...storage.fileio import remove_tree
 from .distributed import World
+from .trainer import TrainingArgs
 
 
 def prepare_run_dir(cfg, stage: str) -> Path:
@@ -56,12 +56,11 @@ def saved_config(cfg, run_dir: Path, paths: dict) -> dict:
     return saved
 
 
-def copy_adapter(source: Path, target: Path) -> None:
-    """Replace the adapter folder `target` with a copy of `source` (copied beside it, then renamed)."""
-    tmp = target.with_name(f".{target.name}.copy")
-    if tmp.exists():
-        remove_tree(tmp)
-    shutil.copytree(source, tmp)
-    if target.exists():
-        remove_tree(target)
-    tmp.rename(target)
+def training_args(cfg, run_dir: Path, adapter_config: dict, paths: dict, schedule, **extra) -> TrainingArgs:
+    """The trainer's arguments from the `run`, `optimizer` and `validation` sections SFT and GRPO share (the run
+    folder keeps the config as `saved_config` writes it); `extra`: the stage's own (describe, progress_text...)."""
+    return TrainingArgs(
+        steps=cfg.run.steps, run_dir=run_dir, adapter_config=adapter_config, config=saved_config(cfg, run_dir, paths),
+        stage=cfg.STAGE, max_grad_norm=cfg.optimizer.max_grad_norm, steps_per_eval=cfg.validation.every,
+        steps_per_save=cfg.run.save_every, resume=cfg.run.resume is not None, progress=cfg.run.progress,
+        report_to=cfg.run.report_to, schedule=schedule, **extra)

@@ -17,6 +17,7 @@ unfinished step). SFT's batches are its data; GRPO's play their rollouts with th
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from mlx.utils import tree_map
 
 from ...config import config_hash, display_path
 from ...errors import UserError
-from ...storage.fileio import write_json_atomic
+from ...storage.fileio import remove_tree, write_json_atomic
 from ...storage.metrics import MetricsWriter, truncate_after_step
 from ...runtime.progress import console, progress_bar
 from ...runtime.stop_signals import StopSignals, agreed_stop
@@ -38,7 +39,6 @@ from ..model.cpu_kernels import numpy_after_trace
 from ..model.lora import latest_checkpoint, load_checkpoint, prune_checkpoints, save_adapters, save_checkpoint
 from ..model.memory import free_cache
 from .distributed import NullWriter, World, check_world_size, write_weights_hash
-from .run_folder import copy_adapter
 
 NONFINITE_STOP = 3          # non-finite steps in a row (their updates skipped) that stop a run
 KEEP_CHECKPOINTS = 2        # the newest checkpoints a run keeps
@@ -134,6 +134,17 @@ def apply_update(model, optimizer, grads, max_grad_norm: float, loss: float) -> 
         optimizer.update(model, grads)
         mx.eval(model.trainable_parameters(), optimizer.state)
     return grad_norm, finite
+
+
+def copy_adapter(source: Path, target: Path) -> None:
+    """Replace the adapter folder `target` with a copy of `source` (copied beside it, then renamed)."""
+    tmp = target.with_name(f".{target.name}.copy")
+    if tmp.exists():
+        remove_tree(tmp)
+    shutil.copytree(source, tmp)
+    if target.exists():
+        remove_tree(target)
+    tmp.rename(target)
 
 
 def train_step(model, optimizer, loss_and_grad, batch: Batch, max_grad_norm: float, world: World) -> dict:

@@ -14,7 +14,7 @@ whole SFT step.
    GELU and with the fast one (the MLP class is switched back and forth on one model), alternated.
 Last line: `speedup X.XX` (the SFT step, exact over fast).
 Usage: python benchmarks/cpu_kernels.py [--model builtin:gemma-3-270m] [--batch 16] [--length 80] [--repeats 3]
-       [--sft-config config/recipe-270m/sft-cover-3.json]
+       [--sft-config config/recipe-270m/sft-cover-3.json] [--matmul-size 2048]
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ sys.path.insert(0, str(ROOT))
 from wordle_mlx.runtime.blas import find_openblas, openblas_coretype, reexec_for_linux_cpu  # noqa: E402
 
 MATMUL = ("import time, mlx.core as mx\n"
-          "a = mx.random.normal((2048, 2048)); mx.eval(a); mx.eval(a @ a)\n"
+          "a = mx.random.normal(({n}, {n})); mx.eval(a); mx.eval(a @ a)\n"
           "best = min((lambda t: (mx.eval(a @ a), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(5))\n"
-          "print(2 * 2048 ** 3 / best / 1e9)\n")
+          "print(2 * {n} ** 3 / best / 1e9)\n")
 
 
-def matmul_gflops(coretype: str | None) -> float:
+def matmul_gflops(coretype: str | None, size: int = 2048) -> float:
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     env["WORDLE_MLX_NO_REEXEC"] = "1"
     lib = find_openblas()
@@ -46,7 +46,8 @@ def matmul_gflops(coretype: str | None) -> float:
         env["LD_PRELOAD"] = lib
     if coretype:
         env["OPENBLAS_CORETYPE"] = coretype
-    out = subprocess.run([sys.executable, "-c", MATMUL], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", MATMUL.format(n=size)], env=env, capture_output=True, text=True,
+                         check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,7 +73,7 @@ def real_sft_step(config: str, repeats: int) -> None:
     import mlx.core as mx
     import mlx.nn as nn
 
-    from wordle_mlx.config import load_config
+    from wordle_mlx.config import load_config, resolve_path
     from wordle_mlx.llm.model import cpu_kernels
     from wordle_mlx.llm.training.distributed import init_world
     from wordle_mlx.llm.training.policy import load_policy, start_adapter
@@ -81,9 +82,12 @@ def real_sft_step(config: str, repeats: int) -> None:
     from wordle_mlx.stages.sft_config import SFTConfig
 
     cfg = load_config(config, SFTConfig)
-    data_dir, train, _, prompt = sft.load_data(cfg)
-    model, tokenizer, _, _ = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), prompt, cfg.decode, cfg.train_free)
-    batches, _, _ = sft.prepare_batches(cfg, tokenizer, prompt, data_dir, train[:800], [], init_world())
+    data_dir = resolve_path(cfg, cfg.data.folder).resolve()
+    train, _, prompt = sft.load_data(data_dir, False)
+    model, tokenizer, _, _ = load_policy(cfg.model, cfg.lora, cfg.run.seed, start_adapter(cfg), prompt, cfg.decode,
+                                         cfg.train_free)
+    batches, _ = sft.prepare_batches(cfg.data, cfg.decode, cfg.train_free, 0, tokenizer, prompt, data_dir, train[:800],
+                                     [], init_world())
     batches = batches[:: max(1, len(batches) // 6)][:6]
     step = nn.value_and_grad(model, loss_sum)
     model.train()
@@ -117,6 +121,7 @@ def main() -> None:
     from mlx_lm.models import gemma3_text
 
     from wordle_mlx.llm.model import cpu_kernels, lora
+    from wordle_mlx.llm.model.logits import text_model
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.training.sft_loss import loss_sum
 
@@ -129,15 +134,16 @@ def main() -> None:
     parser.add_argument("--vocab-rows", type=int, default=208)
     parser.add_argument("--sft-config", default="", help="also time this train_free SFT config's step with the "
                         "gradient's subnormal flush on and off (needs its data and start adapter)")
+    parser.add_argument("--matmul-size", type=int, default=2048, help="side of the square fp32 matmul of part 1")
     args = parser.parse_args()
 
     coretype = openblas_coretype()
     if find_openblas() and coretype:
         detected, chosen = [], []
         for _ in range(2):
-            detected.append(matmul_gflops(None))
-            chosen.append(matmul_gflops(coretype))
-        print(f"matmul 2048 fp32: OpenBLAS's own detection {statistics.median(detected):.1f} GFLOP/s, "
+            detected.append(matmul_gflops(None, args.matmul_size))
+            chosen.append(matmul_gflops(coretype, args.matmul_size))
+        print(f"matmul {args.matmul_size} fp32: OpenBLAS's own detection {statistics.median(detected):.1f} GFLOP/s, "
               f"OPENBLAS_CORETYPE={coretype} {statistics.median(chosen):.1f} GFLOP/s, "
               f"ratio {statistics.median(chosen) / statistics.median(detected):.2f}")
     else:
@@ -181,9 +187,10 @@ def main() -> None:
     lora.apply_lora(model, -1, lora.lora_parameters(8, 20.0, 0.0, None))
     rng = np.random.default_rng(0)
     b, n, p = args.batch, args.length, args.targets
-    inputs = mx.array(rng.integers(100, 20000, size=(b, n)).astype(np.int32))
+    top = min(20000, text_model(model).model.args.vocab_size)      # token ids within a small model's vocabulary too
+    inputs = mx.array(rng.integers(100, top, size=(b, n)).astype(np.int32))
     positions = mx.array(np.concatenate([i * n + np.arange(n - p, n) for i in range(b)]).astype(np.int32))
-    targets = mx.array(rng.integers(100, 20000, size=positions.shape).astype(np.int32))
+    targets = mx.array(rng.integers(100, top, size=positions.shape).astype(np.int32))
     weights = mx.ones(positions.shape)
     step = nn.value_and_grad(model, loss_sum)
     mlps = [m for _, m in model.named_modules() if isinstance(m, gemma3_text.MLP)]

@@ -1,8 +1,8 @@
 """GRPO step time with 1 rank vs 2 ranks (same global batch) on localhost, and the all_sum cost of LoRA grads.
 
-`python benchmarks/distributed_scaling.py [--steps 4] [--batch-prompts 4] [--generations 4]` runs the real
-`wordle-mlx train` stage on the tiny model twice: once as a plain process, once under
-`mlx.launch -n 2 --backend ring` (each rank plays half of the B games, G replies sampled to each board
+`python benchmarks/distributed_scaling.py [--steps 4] [--batch-prompts 4] [--generations 4] [--port 45871]`
+runs the real `wordle-mlx train` stage on the tiny model twice: once as a plain process, once under
+`mlx.launch -n 2 --backend ring -p PORT` (each rank plays half of the B games, G replies sampled to each board
 plus the greedy one the game goes on with), and reports the median
 rollout / update / step seconds of steps 2.. (step 1 includes compilation warm-up). Each rank also times
 `mx.distributed.all_sum` of a float32 vector the size of the LoRA gradient of gemma-3-270m and of
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch-prompts", type=int, default=4)
     ap.add_argument("--generations", type=int, default=4)
+    ap.add_argument("--port", type=int, default=45871, help="first of the 2 localhost ports of the ring backend")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -88,7 +89,7 @@ def main() -> None:
     me = [str(Path(__file__).resolve()), "--child", "--out", str(out), "--steps", str(args.steps),
           "--batch-prompts", str(args.batch_prompts), "--generations", str(args.generations)]
     subprocess.run([sys.executable, *me], check=True, cwd=REPO)
-    subprocess.run([str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "-p", "45871", "--python",
+    subprocess.run([str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring", "-p", str(args.port), "--python",
                     sys.executable, "--", *me], check=True, cwd=REPO, stdin=subprocess.DEVNULL)
     one, two = summary(out / "ranks1"), summary(out / "ranks2")
     allsum = json.loads((out / "allsum2.json").read_text())

@@ -11,7 +11,9 @@ faults (os.wait4), and whether its losses equal the first run's bit for bit. Wit
 the recipe's broad SFT data to a temporary folder with `wordle-mlx data`.
 Last line: `speedup X.XX` (median step, defaults over tunables).
 Usage: python benchmarks/malloc_reuse.py [--steps 30] [--repeats 2] [--data DIR]
-       [--adapter adapters/gemma-3-270m-wordle]
+       [--adapter adapters/gemma-3-270m-wordle] [--smoke]
+(--smoke: the same pass on builtin:tiny-random from a fresh LoRA on its last block, with 32 train and 32 valid
+examples; seconds, for the tests)
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ from wordle_mlx.storage.metrics import record_kind  # noqa: E402
 CLI = [sys.executable, "-m", "wordle_mlx"]
 
 
-def write_config(workdir: Path, data: Path, adapter: Path, steps: int) -> Path:
+def write_config(workdir: Path, data: Path, adapter: Path, steps: int, smoke: bool = False) -> Path:
     cfg = json.loads((ROOT / "config/recipe-270m/sft-cover-3.json").read_text())
     cfg["model"]["adapter"] = str(adapter.resolve())
+    if smoke:
+        cfg["model"].update(name="builtin:tiny-random", adapter=None)
+        cfg["lora"].update(num_layers=1, train_layers=None)    # a fresh LoRA on the last of its 2 blocks
     cfg["data"]["folder"] = str(data.resolve())
     cfg["run"].update(logs_dir=str(workdir / "logs"), name="malloc-bench", steps=steps, save_every=10 * steps)
     cfg["validation"] = {"every": 10 * steps, "batches": 1}
@@ -69,15 +74,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--data", type=Path, help="an SFT data folder (default: the recipe's broad data, written now)")
     parser.add_argument("--adapter", type=Path, default=ROOT / "adapters/gemma-3-270m-wordle")
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, a fresh LoRA and 32 examples: seconds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="malloc-bench-") as tmp:
         workdir = Path(tmp)
         data = args.data
         if data is None:
             data = workdir / "data"
-            subprocess.run(CLI + ["data", "--config", str(ROOT / "config/recipe-270m/data.json"), "--out", str(data)],
-                           cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        config = write_config(workdir, data, args.adapter, args.steps)
+            size = ["--train-examples", "32", "--valid-examples", "32"] if args.smoke else []
+            subprocess.run(CLI + ["data", "--config", str(ROOT / "config/recipe-270m/data.json"), "--out", str(data),
+                                  *size], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        config = write_config(workdir, data, args.adapter, args.steps, args.smoke)
         settings = {"glibc defaults": "", "malloc tunables": MALLOC_TUNABLES}
         runs: dict[str, list[dict]] = {name: [] for name in settings}
         first_losses = None

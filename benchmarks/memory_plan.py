@@ -11,7 +11,10 @@ and resets the peak counter; after it, `mx.get_peak_memory()` is the measured pe
 `wordle-mlx plan`'s for the same config. Prints one row per run and ends with `max_error X%` (the largest
 |estimate - measured| / measured).
 
-    .venv/bin/python benchmarks/memory_plan.py [--sft-batches 4 16] [--grpo-boards 2 8]
+    .venv/bin/python benchmarks/memory_plan.py [--sft-batches 4 16] [--grpo-boards 2 8] [--smoke]
+
+`--smoke` runs the same stages on builtin:tiny-random, GRPO from a fresh LoRA in words decoding (every reply of the
+random model is an allowed word, so groups have reward spread): seconds, for the tests; its errors mean nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "builtin:gemma-3-270m"
 ADAPTER = ROOT / "adapters" / "gemma-3-270m-wordle"   # plays well-formed replies, so groups have reward spread
+TINY = "builtin:tiny-random"                           # --smoke's model
 PROMPT = {"require_think": False, "context": "summary", "style": "compact", "guess_format": "letters"}
 
 
@@ -37,17 +41,22 @@ def write(path: Path, data: dict) -> Path:
     return path
 
 
-def sft_config(root: Path, batch: int) -> dict:
-    return {"model": {"name": MODEL, "dtype": "float32"},
+def sft_config(root: Path, batch: int, smoke: bool = False) -> dict:
+    return {"model": {"name": TINY if smoke else MODEL, "dtype": "float32"},
             "data": {"folder": str(root / "data"), "batch_size": batch, "max_seq_length": 256, "pad_to": 16},
             "run": {"logs_dir": str(root / "logs"), "name": f"sft-b{batch}", "steps": 1, "save_every": 1,
                     "progress": False},
             "lora": {"rank": 16, "scale": 20.0, "num_layers": -1}, "validation": {"every": 0}}
 
 
-def grpo_config(root: Path, boards: int) -> dict:
+def grpo_config(root: Path, boards: int, smoke: bool = False) -> dict:
     # the prompt is the one the shipped adapter records (PROMPT); free decoding: what the planner models
     # (grammar decoding keeps 26-entry logit rows, far less)
+    if smoke:
+        cfg = grpo_config(root, boards)
+        cfg["rl"].pop("k_weights")              # empty boards: a reply's information gain varies the most there
+        return {**cfg, "model": {"name": TINY, "dtype": "float32", "adapter": None}, "decode": "words",
+                "reward": {"early": 1.2}}
     return {"model": {"name": MODEL, "dtype": "float32", "adapter": str(ADAPTER)},
             "run": {"logs_dir": str(root / "logs"), "name": f"grpo-b{boards}", "steps": 1, "save_every": 0,
                     "progress": False},
@@ -74,6 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sft-batches", type=int, nargs="*", default=[4, 16], help="SFT batch sizes to run.")
     ap.add_argument("--grpo-boards", type=int, nargs="*", default=[2, 8], help="GRPO boards a step to run.")
+    ap.add_argument("--smoke", action="store_true", help="The tiny model, GRPO in words decoding: seconds.")
     args = ap.parse_args()
 
     from wordle_mlx.config import load_config
@@ -89,8 +99,10 @@ def main() -> None:
             "out": str(root / "data"), "seed": 0, "train_examples": 64, "valid_examples": 8,
             "think_style": "none", "prompt": PROMPT, "progress": False,
             "history": {"k_weights": [0.0, 0.0, 0.0, 1.0]}}), data.DataConfig))
-        runs = [("sft", "batch_size", b, write(root / f"sft{b}.json", sft_config(root, b))) for b in args.sft_batches]
-        runs += [("grpo", "batch_prompts", b, write(root / f"grpo{b}.json", grpo_config(root, b))) for b in args.grpo_boards]
+        runs = [("sft", "batch_size", b, write(root / f"sft{b}.json", sft_config(root, b, args.smoke)))
+                for b in args.sft_batches]
+        runs += [("grpo", "batch_prompts", b, write(root / f"grpo{b}.json", grpo_config(root, b, args.smoke)))
+                 for b in args.grpo_boards]
         for kind, field, batch, path in runs:
             if kind == "sft":
                 cfg = load_config(path, sft.SFTConfig)

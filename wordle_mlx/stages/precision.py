@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-DTYPES = ("float32", "bfloat16", "float16", "q8", "q4")
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+from ..runtime.device import DTYPES as FLOAT_DTYPES
+
+DTYPES = FLOAT_DTYPES + ("q8", "q4")
 FUSE_DTYPES = FLOAT_DTYPES
 EXPORT_DTYPES = ("float32", "float16", "q8")
 IMPORT_DTYPES = DTYPES

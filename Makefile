@@ -45,14 +45,19 @@ test: setup $(TEST_STAMP)
 demo: setup
 	bash scripts/demo.sh
 
-# The real run (2 h 15 min of training on a 2-core AVX-512 host, then about 45 min of evals; its stage times are
-# in docs/RESULTS.md; resumable: run it again after an interruption).
+# The real run: config/recipe.json's stages for the builtin 270M, from the base model to the ship stage
+# (`wordle-mlx recipe`; its stage times are in docs/RESULTS.md). Resumable: run it again after an interruption.
+# RECIPE_ARGS passes options on: make train-270m RECIPE_ARGS="--dry-run" (or "--until sft-fit", "--games 50").
+RECIPE_ARGS ?=
 train-270m: setup
-	bash scripts/train_270m_cpu.sh
+	$(VENV)/bin/wordle-mlx recipe $(RECIPE_ARGS)
 
-# Gemma 3 4B on a Mac (VARIANT=bf16 for 24 GB and more, VARIANT=4bit for 16 GB); resumable like train-270m.
+# The same recipe for Gemma 3 4B on a Mac (VARIANT=bf16 for 24 GB and more, VARIANT=4bit for 16 GB: the model
+# mlx-community/gemma-3-4b-it-$(VARIANT)); resumable like train-270m.
+VARIANT ?= bf16
 train-4b: setup
-	bash scripts/train_4b.sh
+	@case "$(VARIANT)" in bf16|4bit) ;; *) echo "VARIANT must be bf16 or 4bit, got '$(VARIANT)'" >&2; exit 2 ;; esac
+	$(VENV)/bin/wordle-mlx recipe --model mlx-community/gemma-3-4b-it-$(VARIANT) $(RECIPE_ARGS)
 
 # On demand: llama.cpp (llama-cpp-python from the test extra) vs wordle-mlx: 100 test boards, 100 games.
 llamacpp-check: setup $(TEST_STAMP)

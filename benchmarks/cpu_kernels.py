@@ -8,13 +8,14 @@ whole SFT step.
 3. `nn.losses.cross_entropy` against `cpu_kernels.cross_entropy` over the vocabulary: the value and gradient of
    the weighted loss of `--vocab-rows` hidden states (208: a `train_free` batch of 16 replies of 13 tokens)
    projected onto a random (262144, 640) head, the full loss `train_free` adds to an SFT step. With
-   `--sft-config`, a real `train_free` SFT step of that config, with the numpy gradient's subnormal entries
+   `--sft-config`, a real `train_free` SFT step of that config (for example the recipe's last coverage pass, as
+   `make train-270m` wrote it), with the numpy gradient's subnormal entries
    flushed to 0 and not (`real_sft_step`).
 4. One LoRA SFT gradient step (value_and_grad + eval) of the 270M on the same random batch, with mlx-lm's
    GELU and with the fast one (the MLP class is switched back and forth on one model), alternated.
 Last line: `speedup X.XX` (the SFT step, exact over fast).
 Usage: python benchmarks/cpu_kernels.py [--model builtin:gemma-3-270m] [--batch 16] [--length 80] [--repeats 3]
-       [--sft-config config/recipe-270m/sft-cover-3.json] [--matmul-size 2048]
+       [--sft-config logs/recipe-270m/configs/sft-cover3.json] [--matmul-size 2048]
 """
 
 from __future__ import annotations

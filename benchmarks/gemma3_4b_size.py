@@ -1,10 +1,13 @@
-"""Every stage of scripts/train_4b.sh on a full-size Gemma 3 4B checkpoint, and the planner against MLX's peak.
+"""Every stage of the 4B recipe (`make train-4b`) on a full-size Gemma 3 4B checkpoint, and the planner against
+MLX's peak.
 
 The checkpoint is random (seeded) but has exactly the shapes, config and layout of
 `mlx-community/gemma-3-4b-it-bf16` and `-4bit` (`tests/rehearsal/mac_layouts.rehearsal_model`: text and vision towers,
 two 5 GB shards and their index for bf16, mlx-lm's quantizer for 4-bit, Gemma 3's tokenizer files). It is
 built once in the user cache (about 11.6 GB for both) and never committed. For each variant the script runs
-the recipe's own configs from config/gemma3-4b/, changing only the model path, the output folders and the
+the configs the recipe runner builds for the 4B model (`tests/rehearsal/recipe.py`: `wordle-mlx recipe --model
+mlx-community/gemma-3-4b-it-VARIANT --dtype bfloat16` for its Mac), changing only the model path, the output
+folders and the
 sizes, at the smallest that still run each code path: plan, data, SFT (2 steps, the config's gradient
 checkpointing and loss), self-play (2 + 1 secrets), cover, GRPO (2 steps in the config's decoding), eval
 (2 games), fuse (as the chain fuses: 4-bit dequantized) and export (a q8_0 GGUF, deleted after). A random
@@ -108,7 +111,7 @@ class Variant:
         from wordle_mlx.config import load_config
         from wordle_mlx.stages import choice, cover
 
-        play_cfg = self.write("self-play.json", self.config(f"self-play-{self.variant}.json", adapter=adapter,
+        play_cfg = self.write("self-play.json", self.config("choice", adapter=adapter,
                                                             out=str(self.root / "self-play"), train_games=train_games,
                                                             valid_games=1, opener=opener, progress=False))
         self.timed("self-play", lambda: choice.run(load_config(play_cfg, choice.ChoiceConfig)),
@@ -139,13 +142,14 @@ class Variant:
                            "measured_gb": measured["peak_gb"], "error": error,
                            "seconds_per_step": measured["seconds_per_unit"], "note": note})
 
-    def config(self, name: str, **changes) -> dict:
-        """config/gemma3-4b/`name` on this checkpoint (and, at full size, in FULL_SIZE_DTYPE), with `changes`."""
-        training = name.startswith(("sft", "grpo"))          # SFT and GRPO: model {name, dtype, ...}
+    def config(self, stage: str, **changes) -> dict:
+        """The recipe's stage `stage` for this variant on this checkpoint (and, at full size, in FULL_SIZE_DTYPE),
+        with `changes`."""
+        training = stage.startswith(("sft", "grpo"))          # SFT and GRPO: model {name, dtype, ...}
         model = {"model.name": self.model} if training else {"model": self.model}
         if self.dtype:
             model["model.dtype" if training else "dtype"] = self.dtype
-        return recipe(name, **model, **changes)
+        return recipe(stage, self.variant, **model, **changes)
 
     def run(self, export: bool, steps_only: bool = False) -> None:
         from wordle_mlx.config import load_config
@@ -153,26 +157,25 @@ class Variant:
         from wordle_mlx.stages import data, evaluate, export as export_stage, fuse, grpo as grpo_stage, plan
 
         v, logs, full = self.variant, str(self.root / "logs"), self.full
-        for name in (f"sft-{v}.json", f"grpo-{v}.json", f"eval-{v}.json", f"self-play-{v}.json"):
-            cfg = self.write(f"plan-{name}", self.config(name))
+        for name in ("sft", "grpo-cover", "eval", "choice"):
+            cfg = self.write(f"plan-{name}.json", self.config(name))
             self.timed("plan", lambda: plan.run(plan.PlanConfig(config=str(cfg), json_output=True)), name)
         shortest = {"history.k_weights": [1.0]} if full else {}      # the empty board: the shortest prompts
-        data_cfg = self.write("data.json", recipe("data.json", out=str(self.root / "data"), train_examples=16,
-                                                  valid_examples=4, tokenizer=self.model, progress=False,
-                                                  **shortest))
+        data_cfg = self.write("data.json", recipe("data", v, out=str(self.root / "data"), train_examples=16,
+                                                  valid_examples=4, tokenizer=self.model, progress=False, **shortest))
         self.timed("data", lambda: data.run(load_config(data_cfg, data.DataConfig)), "16 + 4 examples")
         batch = 1 if full else 2
-        sft_cfg = self.write("sft.json", self.config(f"sft-{v}.json", **{
+        sft_cfg = self.write("sft.json", self.config("sft", **{
             "data.folder": str(self.root / "data"), "data.batch_size": batch, "run.logs_dir": logs, "run.steps": 2,
             "run.save_every": 0, "run.name": "sft", "validation.every": 0}))
         sft_adapter = str(self.root / "sft-adapter")
-        grad_checkpoint = recipe(f"sft-{v}.json").get("model", {}).get("grad_checkpoint", False)
+        grad_checkpoint = recipe("sft", v).get("model", {}).get("grad_checkpoint", False)
         self.plan_and_measure("sft", sft_cfg, f"batch {batch}, grad_checkpoint {grad_checkpoint}, "
                               f"{self.dtype or 'bfloat16'}", sft_adapter)
         if not self.skipped("self-play"):
             self.self_play_and_cover(sft_adapter, train_games=2)
         boards = 1 if full else 2
-        grpo_cfg = self.write("grpo.json", self.config(f"grpo-{v}.json", **{
+        grpo_cfg = self.write("grpo.json", self.config("grpo-cover", **{
             "model.adapter": sft_adapter, "run.logs_dir": logs, "run.name": "grpo", "run.steps": 2,
             "run.save_every": 0, "rl.batch_prompts": boards, "rl.num_generations": 2, "validation.every": 0,
             **({"rl.k_weights": LAST_TURN, "decode": "grammar"} if full else {})}))
@@ -182,14 +185,14 @@ class Variant:
         with mock.patch.object(generation, "BatchedGenerator", sampler), \
                 mock.patch.object(grpo_stage, "BatchedGenerator", sampler, create=True), \
                 mock.patch.object(grpo_stage, "RolloutConfig", OneInvalidReply):
-            decode = "grammar" if full else recipe(f"grpo-{v}.json").get("decode", "grammar")
+            decode = "grammar" if full else recipe("grpo-cover", v).get("decode", "grammar")
             self.plan_and_measure("grpo", grpo_cfg, f"{boards} board(s) x (2 + greedy), {decode} decoding, "
                                   f"{self.dtype or 'bfloat16'}", grpo_adapter)
         if steps_only:
             return
         games = 1 if full else 2
         one_turn = {"rollout.max_turns": 1} if full else {}
-        eval_cfg = self.write("eval.json", self.config(f"eval-{v}.json", adapter=grpo_adapter, games=games,
+        eval_cfg = self.write("eval.json", self.config("eval", adapter=grpo_adapter, games=games,
                                                        baselines=False, out=str(self.root / "eval.json"),
                                                        progress=False, json_output=True, **one_turn))
         self.timed("eval", lambda: evaluate.run(load_config(eval_cfg, evaluate.EvalConfig)),
@@ -199,7 +202,7 @@ class Variant:
             result = self.fuse(fuse.FuseConfig(model=self.model, adapter=grpo_adapter, out=str(fused),
                                                dequantize=v == "4bit", dtype="bfloat16"))
             fused_eval = self.write("eval-fused.json", recipe(
-                f"eval-{v}.json", model=str(fused), dtype="bfloat16", games=games, baselines=False,
+                "eval", v, model=str(fused), dtype="bfloat16", games=games, baselines=False,
                 out=str(self.root / "eval-fused.json"), progress=False, json_output=True, **one_turn))
             gap = ("fuse logits not checked at full size" if result["max_abs_logit_diff"] is None else
                    f"fuse logit gap {result['max_abs_logit_diff']:.3g} <= {result['tolerance']:.3g}")

@@ -4,7 +4,8 @@ MLX's CPU allocator is plain malloc. glibc serves each block over 32 MB with a f
 so every step the kernel zeroes new pages for the step's logits, activations and gradients. The CLI re-executes
 itself with `blas.MALLOC_TUNABLES` in GLIBC_TUNABLES (no mmap, no trimming, one arena, transparent huge pages), so
 freed blocks stay in the heap. This script runs the same `wordle-mlx sft` pass (the recipe's last coverage pass,
-`config/recipe-270m/sft-cover-3.json`: words loss plus `train_free`, last 6 blocks, from the shipped adapter) as
+stage `sft-cover3` of config/recipe.json for the 270M: words loss plus `train_free`, last 6 blocks, here from the
+shipped adapter) as
 whole processes, alternating the two settings (an empty GLIBC_TUNABLES keeps glibc's defaults), each alone on the
 cores. Per run: wall seconds, the median step (from the metrics' step times, step 2 on), peak RSS and minor page
 faults (os.wait4), and whether its losses equal the first run's bit for bit. Without `--data` it first writes
@@ -37,8 +38,16 @@ from wordle_mlx.storage.metrics import record_kind  # noqa: E402
 CLI = [sys.executable, "-m", "wordle_mlx"]
 
 
+def recipe_stage(name: str) -> dict:
+    """The config `wordle-mlx recipe` builds for stage `name` of config/recipe.json on the builtin 270M."""
+    from wordle_mlx.stages.recipe import build_stages
+
+    _, stages = build_stages(str(ROOT / "config" / "recipe.json"), "builtin:gemma-3-270m", ship_exists=False)
+    return next(s for s in stages if s.name == name).config.model_dump(mode="json")
+
+
 def write_config(workdir: Path, data: Path, adapter: Path, steps: int, smoke: bool = False) -> Path:
-    cfg = json.loads((ROOT / "config/recipe-270m/sft-cover-3.json").read_text())
+    cfg = recipe_stage("sft-cover3")
     cfg["model"]["adapter"] = str(adapter.resolve())
     if smoke:
         cfg["model"].update(name="builtin:tiny-random", adapter=None)
@@ -82,13 +91,15 @@ def main() -> None:
         if data is None:
             data = workdir / "data"
             size = ["--train-examples", "32", "--valid-examples", "32"] if args.smoke else []
-            subprocess.run(CLI + ["data", "--config", str(ROOT / "config/recipe-270m/data.json"), "--out", str(data),
-                                  *size], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            data_config = workdir / "data.json"
+            data_config.write_text(json.dumps(recipe_stage("data"), indent=2))
+            subprocess.run(CLI + ["data", "--config", str(data_config), "--out", str(data), *size], cwd=ROOT,
+                           check=True, stdout=subprocess.DEVNULL)
         config = write_config(workdir, data, args.adapter, args.steps, args.smoke)
         settings = {"glibc defaults": "", "malloc tunables": MALLOC_TUNABLES}
         runs: dict[str, list[dict]] = {name: [] for name in settings}
         first_losses = None
-        print(f"{args.steps} steps of an SFT pass at sft-cover-3.json's settings, {args.repeats} runs of each "
+        print(f"{args.steps} steps of an SFT pass at the recipe's sft-cover3 settings, {args.repeats} runs of each "
               "setting, alternated", flush=True)
         for repeat in range(args.repeats):
             for name, tunables in settings.items():

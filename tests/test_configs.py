@@ -1,12 +1,13 @@
-"""Every shipped config in config/ validates against its stage's model, and its paths resolve sensibly; an old or
-misspelt field is a one-line error; `train --print-config` stays within 40 settings."""
+"""Every shipped config in config/ validates against its stage's model, and its paths resolve sensibly; config/ is
+what a user edits (at most 10 files, none a copy of another for another model); an old or misspelt field is a
+one-line error; `train --print-config` stays within 40 settings; the 270M chain the recipe runner builds from
+config/recipe.json reads what its stages write, trains words decoding and guards what it ships."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
 import tempfile
 import unittest
 from pathlib import Path
@@ -20,15 +21,17 @@ from wordle_mlx.stages.choice import ChoiceConfig
 from wordle_mlx.stages.data import DataConfig
 from wordle_mlx.stages.evaluate import EvalConfig
 from wordle_mlx.stages.grpo import GRPOConfig
+from wordle_mlx.stages.recipe_file import RecipeFile
 from wordle_mlx.stages.sft import SFTConfig
 from wordle_mlx.stages.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
-RECIPE = CONFIG / "recipe-270m"
+RECIPE = CONFIG / "recipe.json"
 DEMO = CONFIG / "demo"
 # a config's stage, from the start of its file name (config/<purpose>/<stage>[-variant].json)
-MODELS = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "eval": EvalConfig, "self-play": ChoiceConfig}
+MODELS = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "eval": EvalConfig, "self-play": ChoiceConfig,
+          "recipe": RecipeFile}
 
 
 def model_for(path: Path):
@@ -38,26 +41,39 @@ def model_for(path: Path):
     raise AssertionError(f"{path}: no stage model known for this name (expected one of {', '.join(MODELS)}...)")
 
 
-def dry_run(script: str, **env) -> list[tuple[str, str]]:
-    """(stage, command) for every stage `scripts/<script>` would run from scratch (DRY_RUN=1, a fresh marker
-    folder), in order; the script must exit 0."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "DRY_RUN": "1", "R": tmp, **env})
-    if out.returncode != 0:
-        raise AssertionError(f"{script} exited {out.returncode}: {out.stderr.strip()}")
-    return re.findall(r"^== ([\w-]+): (.*)$", out.stdout, flags=re.M)
+def chain_270m() -> dict:
+    """{stage: Stage} of config/recipe.json for the builtin 270M, built as `wordle-mlx recipe` builds it (paths
+    relative to the checkout), with the guard of an adapter already shipped."""
+    from wordle_mlx.stages.recipe import build_stages
+
+    before = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        _, stages = build_stages(str(RECIPE), ship_exists=True)
+    finally:
+        os.chdir(before)
+    return {stage.name: stage for stage in stages}
 
 
-def check_stage_chain(case: unittest.TestCase, stages: list[tuple[str, str]]) -> None:
-    """Every --config file exists, and every adapter a stage starts from or plays is written by an earlier one."""
-    trained: set[str] = set()
-    for name, command in stages:
-        for config in re.findall(r"--config (\S+)", command):
-            case.assertTrue((ROOT / config).is_file(), f"stage {name}: no {config}")
-        for run in re.findall(r"--(?:start-)?adapter logs/([\w-]+)/adapters", command):
-            case.assertIn(run, trained, f"stage {name} uses logs/{run}/adapters before any stage trains it")
-        trained.update(re.findall(r"^train_or_resume logs/([\w-]+) ", command))
+def check_chain(case: unittest.TestCase, stages: dict) -> None:
+    """Every adapter a stage starts from or plays is trained by an earlier stage, and every data folder it reads
+    is written by an earlier one."""
+    trained, made = set(), set()
+    for name, stage in stages.items():
+        cfg = stage.config
+        if cfg is None or stage.kind == "ship":
+            continue
+        adapters = {"sft": lambda: cfg.model.adapter, "grpo": lambda: cfg.model.adapter}.get(
+            stage.kind, lambda: getattr(cfg, "adapter", None))()
+        folders = [cfg.data.folder] if stage.kind == "sft" else [cfg.data] if stage.kind == "cover" else []
+        if adapters and not adapters.startswith("adapters/"):          # (the guard plays the shipped one)
+            case.assertIn(adapters, trained, f"stage {name} uses {adapters} before any stage trains it")
+        for folder in folders:
+            case.assertIn(folder, made, f"stage {name} reads {folder} before any stage writes it")
+        if stage.kind in ("sft", "grpo"):
+            trained.add(str(stage.run_dir / "adapters"))
+        if stage.kind in ("data", "self-play", "cover"):
+            made.add(str(stage.out))
 
 
 def leaf_paths(data: dict, prefix: str = "") -> set[str]:
@@ -73,12 +89,17 @@ def adapters_of(cfg) -> Path:
     return resolve_path(cfg, cfg.run.logs_dir).resolve() / cfg.run.name / "adapters"
 
 
+def model_free(text: str) -> str:
+    """A config's text without its model names (a copy of a config for another model reads the same)."""
+    return re.sub(r"(gemma-?3-?)?\d+(\.\d+)?[mb](-it)?(-(bf16|4bit|8bit))?", "MODEL", text, flags=re.I)
+
+
 class ShippedConfigTest(unittest.TestCase):
     def test_every_config_validates_with_the_strict_loader(self):
         files = sorted(CONFIG.rglob("*.json"))
-        self.assertGreaterEqual(len(files), 18)
-        for folder in (DEMO, RECIPE):
-            self.assertTrue(folder.is_dir(), folder)
+        self.assertGreaterEqual(len(files), 4)
+        self.assertTrue(DEMO.is_dir(), DEMO)
+        self.assertTrue(RECIPE.is_file(), RECIPE)
         for path in files:
             with self.subTest(config=str(path.relative_to(CONFIG))):
                 cfg = load_config(path, model_for(path))
@@ -90,6 +111,20 @@ class ShippedConfigTest(unittest.TestCase):
                     if isinstance(value, str):
                         self.assertTrue(resolve_path(cfg, value).resolve().is_relative_to(ROOT), f"{field} = {value}")
 
+    def test_config_holds_what_a_user_edits(self):
+        """At most 10 files, the recipe file included; no two that differ only in the model name (the model's
+        settings derive from `wordle-mlx recipe --model`)."""
+        files = sorted(p for p in CONFIG.rglob("*") if p.is_file())
+        self.assertLessEqual(len(files), 10, [str(p.relative_to(CONFIG)) for p in files])
+        self.assertIn(RECIPE, files)
+        seen = {}
+        for path in files:
+            key = model_free(path.read_text())
+            self.assertNotIn(key, seen, f"{path} is {seen.get(key)} but for the model")
+            seen[key] = path
+        self.assertEqual(model_free('"mlx-community/gemma-3-4b-it-bf16" builtin:gemma-3-270m'),
+                         '"mlx-community/MODEL" builtin:MODEL')
+
     def test_the_shipped_adapters_recorded_recipe_is_read_or_refused_in_one_line(self):
         """adapters/gemma-3-270m-wordle/recipe/ records the configs that trained it, in the config shape of the
         version that trained each: its data and self-play configs and the later SFT rounds' (sft_10-12) load with
@@ -97,6 +132,9 @@ class ShippedConfigTest(unittest.TestCase):
         trainer) and grpo_4 (rl.max_loss_tokens_per_microbatch, now an eighth of rl.max_tokens_per_microbatch) are
         refused with the one-line error of an unknown field, naming the file, the field and its value."""
         recipe = ROOT / "adapters" / "gemma-3-270m-wordle" / "recipe"
+        if (recipe.parent / "recipe.json").is_file():          # a package `wordle-mlx recipe` shipped
+            self.check_recipe_package(recipe.parent)
+            return
         kinds = {"data": DataConfig, "sft": SFTConfig, "grpo": GRPOConfig, "choice": ChoiceConfig}
         files = sorted(recipe.glob("*.json"))
         self.assertEqual(len(files), 24)
@@ -113,6 +151,24 @@ class ShippedConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(UserError, rf"^{re.escape(str(recipe / 'grpo_4.json'))}: "
                                     r"rl\.max_loss_tokens_per_microbatch: unknown field \(got 256\)$"):
             load_config(recipe / "grpo_4.json", GRPOConfig)
+
+    def check_recipe_package(self, package: Path) -> None:
+        """A package the recipe's ship stage wrote: its recipe file loads, and each stage's snapshot in `recipe/`
+        loads with its stage kind's strict loader; stage_seconds.json names the stages in the order they ran."""
+        from wordle_mlx.stages.recipe_build import CONFIG_MODELS
+        from wordle_mlx.stages.recipe_file import expand, load_recipe
+        from wordle_mlx.stages.recipe_ship import ShipConfig
+
+        steps = {step.name: step.kind for step in expand(load_recipe(package / "recipe.json"), "270m")}
+        models = {**CONFIG_MODELS, "ship": ShipConfig}
+        files = sorted((package / "recipe").glob("*.json"))
+        self.assertIn("ship.json", [p.name for p in files])
+        for path in files:
+            with self.subTest(config=path.name):
+                load_config(path, models[steps[path.stem]])
+        seconds = json.loads((package / "stage_seconds.json").read_text())
+        self.assertEqual(list(seconds), [name for name in steps if name in seconds])
+        self.assertEqual(list(seconds)[0], "model")
 
     def test_an_unknown_field_is_one_line_naming_file_field_and_value(self):
         """Fields of older shapes get no special message: an unknown field is `file: field.path: unknown field (got
@@ -146,126 +202,74 @@ class ShippedConfigTest(unittest.TestCase):
         self.assertLessEqual(shared, printed["train"] & printed["sft"])
 
     def test_pipeline_paths_chain(self):
-        """Each GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
-        chains = [(RECIPE / "sft-cover", RECIPE / "grpo-cover", None),
-                  (DEMO / "sft", DEMO / "grpo", DEMO / "data")]
-        for sft_name, grpo_name, data_name in chains:
-            with self.subTest(sft=sft_name.name):
-                sft = load_config(sft_name.with_suffix(".json"), SFTConfig)
-                if data_name is not None:          # the choice stage's data: test_choice_round_chains
-                    data = load_config(data_name.with_suffix(".json"), DataConfig)
-                    self.assertEqual(resolve_path(sft, sft.data.folder).resolve(),
-                                     resolve_path(data, data.out).resolve())
-                grpo = load_config(grpo_name.with_suffix(".json"), GRPOConfig)
-                self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), adapters_of(sft))
-        # each later SFT stage starts from the adapter the one before it writes: SFT 1 -> focus -> fit, on the
-        # data its own data config writes
-        stages = [(load_config(RECIPE / f"{name}.json", SFTConfig), load_config(RECIPE / f"{data}.json", DataConfig))
-                  for name, data in (("sft", "data"), ("sft-focus", "data-focus"), ("sft-fit", "data-fit"))]
-        for (earlier, _), (later, data) in zip(stages, stages[1:]):
-            with self.subTest(sft=later.run.name):
-                self.assertEqual(resolve_path(later, later.model.adapter).resolve(), adapters_of(earlier))
-                self.assertEqual(resolve_path(later, later.data.folder).resolve(), resolve_path(data, data.out).resolve())
+        """The demo's GRPO config starts from the adapter its SFT config writes; SFT reads what data writes."""
+        sft = load_config(DEMO / "sft.json", SFTConfig)
+        data = load_config(DEMO / "data.json", DataConfig)
+        self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), resolve_path(data, data.out).resolve())
+        grpo = load_config(DEMO / "grpo.json", GRPOConfig)
+        self.assertEqual(resolve_path(grpo, grpo.model.adapter).resolve(), adapters_of(sft))
 
-    def test_the_recipe_script_runs_every_stage_in_order(self):
-        """The whole script under DRY_RUN=1: it reaches the end (a shell error in a stage loop would stop a real
-        run between two stages), each stage's config exists and each adapter comes from an earlier stage."""
-        stages = dry_run("train_270m_cpu.sh")
-        training = ["setup", "model", "entropy", "data", "sft", "data-focus", "sft-focus", "data-fit", "sft-fit",
-                    "choice", "sft-choice", "sft-choice2", "sft-choice3", "sft-choice4", "choice2", "cover",
-                    "sft-cover", "grpo-cover", "choice3", "cover2", "sft-cover2", "choice4", "cover3", "sft-cover3"]
-        names = [name for name, _ in stages]
-        self.assertEqual(names[:len(training)], training)
-        self.assertEqual(names[-2:], ["plots", "ship"])
-        self.assertIn("eval-grpocover-greedy", names)
-        self.assertIn("eval-sftcover3-greedy", names)
-        check_stage_chain(self, stages)
+
+class RecipeChainTest(unittest.TestCase):
+    """The 270M chain `wordle-mlx recipe` builds from config/recipe.json (its numbers: tests/test_recipe_runner.py)."""
+
+    def test_each_stage_reads_what_an_earlier_one_writes(self):
+        stages = chain_270m()
+        check_chain(self, stages)
+        adapter = lambda name: str(stages[name].run_dir / "adapters")   # noqa: E731
+        # SFT 1 -> focus -> fit, each on the data its own data stage writes
+        for sft, start, data in (("sft-focus", "sft", "data-focus"), ("sft-fit", "sft-focus", "data-fit")):
+            self.assertEqual(stages[sft].config.model.adapter, adapter(start))
+            self.assertEqual(stages[sft].config.data.folder, str(stages[data].out))
+        # the self-choice round plays the fit adapter; its SFT passes train on its data, each from the one before
+        self.assertEqual(stages["choice"].config.adapter, adapter("sft-fit"))
+        for sft, start in (("sft-choice", "sft-fit"), ("sft-choice2", "sft-choice"), ("sft-choice3", "sft-choice2"),
+                           ("sft-choice4", "sft-choice3")):
+            self.assertEqual(stages[sft].config.model.adapter, adapter(start))
+            self.assertEqual(stages[sft].config.data.folder, str(stages["choice"].out))
+        # three coverage rounds: self-play from the adapter before, cover on its folder, one SFT pass on that;
+        # GRPO after the first from its SFT pass, the second round from GRPO's kept adapter
+        for play, cover, sft, start in (("choice2", "cover", "sft-cover", "sft-choice4"),
+                                        ("choice3", "cover2", "sft-cover2", "grpo-cover"),
+                                        ("choice4", "cover3", "sft-cover3", "sft-cover2")):
+            with self.subTest(round=sft):
+                self.assertEqual(stages[play].config.adapter, adapter(start))
+                self.assertEqual(stages[cover].config.data, str(stages[play].out))
+                self.assertEqual(stages[sft].config.data.folder, str(stages[cover].out))
+                self.assertEqual(stages[sft].config.model.adapter, adapter(start))
+        self.assertEqual(stages["grpo-cover"].config.model.adapter, adapter("sft-cover"))
 
     def test_the_recipe_trains_words_decoding_and_guards_what_it_ships(self):
         """Self-play, the later SFT passes and GRPO use words decoding; the three coverage SFT passes (and only
-        they) train the whole reply (train_free); GRPO runs at least 100 steps with validation from step 0 and keeps the best pass; the ship stage gets
-        the guard (the last pass's greedy test eval against the shipped adapter's, in words decoding, made before
-        it) and ships GRPO's evals and its SFT start's beside the last pass's."""
-        for name in ("self-play", "self-play-2", "self-play-3", "self-play-4"):
-            self.assertEqual(load_config(RECIPE / f"{name}.json", ChoiceConfig).decode, "words", name)
+        they) train the whole reply (train_free); GRPO runs at least 100 steps, validated from step 0 with the
+        best pass kept; the ship stage ships the last pass, guarded in words decoding (at least as many wins),
+        free decoding and seeded boards (not significantly worse) against the shipped adapter's evals made before
+        it, and packages every eval of the run."""
+        stages = chain_270m()
+        for name in ("choice", "choice2", "choice3", "choice4"):
+            self.assertEqual(stages[name].config.decode, "words", name)
         for name in ("sft", "sft-focus", "sft-fit"):
-            self.assertEqual(load_config(RECIPE / f"{name}.json", SFTConfig).decode, "grammar", name)
-        for name in ("sft-choice", "sft-choice-more", "sft-cover", "sft-cover-2", "sft-cover-3"):
-            sft = load_config(RECIPE / f"{name}.json", SFTConfig)
-            self.assertEqual(sft.decode, "words", name)
-            self.assertEqual(sft.train_free, name.startswith("sft-cover"), name)   # the coverage passes
-        grpo = load_config(RECIPE / "grpo-cover.json", GRPOConfig)
+            self.assertEqual(stages[name].config.decode, "grammar", name)
+        for name in ("sft-choice", "sft-choice2", "sft-choice3", "sft-choice4", "sft-cover", "sft-cover2",
+                     "sft-cover3"):
+            self.assertEqual(stages[name].config.decode, "words", name)
+            self.assertEqual(stages[name].config.train_free, name.startswith("sft-cover"), name)
+        grpo = stages["grpo-cover"].config
         self.assertEqual(grpo.decode, "words")
         self.assertGreaterEqual(grpo.run.steps, 100)
         self.assertEqual(grpo.validation.games, 100)
+        self.assertGreater(grpo.validation.every, 0)                   # step 0, every 20 steps, the best kept
         self.assertEqual(grpo.run.steps % grpo.validation.every, 0)
-        stages = dict(dry_run("train_270m_cpu.sh"))
         names = list(stages)
-        self.assertLess(names.index("eval-shipped-words"), names.index("ship"))
-        self.assertIn("--decode words --out", stages["eval-shipped-words"])
-        self.assertRegex(stages["ship"], r"--guard \S+/eval_sftcover3_greedy.json \S+/eval_shipped_greedy_words.json")
-        self.assertIn("--stage-seconds", stages["ship"])
-        self.assertIn("--adapter logs/sft-cover3-270m/adapters ", stages["ship"])
-        for evals in ("eval_sftcover3_*.json", "eval_grpocover_*.json", "eval_sftcover_*.json"):
-            self.assertIn(evals, stages["ship"])
-        self.assertIn("eval-sftcover3-free", names)
-
-    def test_choice_round_chains(self):
-        """The self-choice round labels boards with the fit adapter's choices, and its SFT stages train on that
-        data, the first from the same adapter and each later pass from the one before: sft-fit -> self-play ->
-        sft-choice -> sft-choice2 (sft-choice-more.json) -> the script's passes 3 and 4 (the same file with
-        flags)."""
-        fit = load_config(RECIPE / "sft-fit.json", SFTConfig)
-        choice = load_config(RECIPE / "self-play.json", ChoiceConfig)
-        self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapters_of(fit))
-        adapter = adapters_of(fit)
-        for name in ("sft-choice", "sft-choice-more"):
-            with self.subTest(sft=name):
-                sft = load_config(RECIPE / f"{name}.json", SFTConfig)
-                self.assertEqual(resolve_path(sft, sft.model.adapter).resolve(), adapter)
-                self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), resolve_path(choice, choice.out).resolve())
-                adapter = adapters_of(sft)
-        self.assertEqual(adapter.parent.name, "sft-choice2-270m")
-        script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
-        self.assertIn("for n in 2 3 4; do", script)
-        self.assertIn("--run-name sft-choice$n-270m --adapter logs/$prev/adapters", script)
-        self.assertIn("sft --config config/recipe-270m/sft-choice-more.json", script)
-
-    def test_coverage_round_chains(self):
-        """The coverage round: the second choice round plays the last self-choice pass's adapter, the script's
-        `cover` line reads its folder and writes the one the SFT stage trains on, from the same adapter:
-        sft-choice4 -> choice2 -> cover -> sft-cover (-> grpo-cover, checked above)."""
-        more = load_config(RECIPE / "sft-choice-more.json", SFTConfig)
-        adapter = resolve_path(more, more.run.logs_dir).resolve() / "sft-choice4-270m" / "adapters"
-        choice = load_config(RECIPE / "self-play-2.json", ChoiceConfig)
-        self.assertEqual(resolve_path(choice, choice.adapter).resolve(), adapter)
-        script = (ROOT / "scripts" / "train_270m_cpu.sh").read_text()
-        match = re.search(r"\$W data cover --data (\S+) --out (\S+)", script)
-        self.assertIsNotNone(match, "scripts/train_270m_cpu.sh: no `$W data cover --data A --out B` line")
-        self.assertEqual((ROOT / match[1]).resolve(), resolve_path(choice, choice.out).resolve())
-        sft = load_config(RECIPE / "sft-cover.json", SFTConfig)
-        self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), (ROOT / match[2]).resolve())
-        self.assertEqual(resolve_path(sft, sft.model.adapter).resolve(), adapter)
-
-    def test_later_coverage_round_chains(self):
-        """Two more coverage rounds after GRPO, each from the adapter before: grpo-cover -> choice3 -> cover2 ->
-        sft-cover2 -> choice4 -> cover3 -> sft-cover3; the script's cover lines read each round's self-play folder
-        and write the folder its SFT pass trains on."""
-        stages = dict(dry_run("train_270m_cpu.sh"))
-        covers = {name: re.search(r"data cover --data (\S+) --out (\S+)", stages[name]).groups()
-                  for name in ("cover2", "cover3")}
-        adapter = adapters_of(load_config(RECIPE / "grpo-cover.json", GRPOConfig))
-        for play_name, sft_name, (cover_in, cover_out) in (("self-play-3", "sft-cover-2", covers["cover2"]),
-                                                          ("self-play-4", "sft-cover-3", covers["cover3"])):
-            with self.subTest(sft=sft_name):
-                play = load_config(RECIPE / f"{play_name}.json", ChoiceConfig)
-                sft = load_config(RECIPE / f"{sft_name}.json", SFTConfig)
-                self.assertEqual(resolve_path(play, play.adapter).resolve(), adapter)
-                self.assertEqual(resolve_path(sft, sft.model.adapter).resolve(), adapter)
-                self.assertEqual((ROOT / cover_in).resolve(), resolve_path(play, play.out).resolve())
-                self.assertEqual(resolve_path(sft, sft.data.folder).resolve(), (ROOT / cover_out).resolve())
-                adapter = adapters_of(sft)
-        self.assertEqual(adapter.parent.name, "sft-cover3-270m")
+        ship = stages["ship"].config
+        self.assertEqual(ship.adapter, str(stages["sft-cover3"].run_dir / "adapters"))
+        for pair in ship.guard:
+            shipped = {s.config.out: n for n, s in stages.items() if s.kind == "eval"}[pair.shipped]
+            self.assertLess(names.index(shipped), names.index("ship"))
+            self.assertEqual(stages[shipped].config.adapter, ship.out)
+        self.assertEqual([(g.setting, g.primary) for g in ship.guard], [("words", True), ("free", False),
+                                                                          ("seeded", False)])
+        self.assertEqual(sorted(ship.evals), sorted(str(s.out) for s in stages.values() if s.kind == "eval"))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Config fuzzing drives `wordle-mlx sft|train|data|eval --config FILE` through typ
 stage's `run` replaced by a recorder, so only argument and config handling is exercised: any file must
 either reach `run` with a validated config or exit 2 with one line naming the file. Reward hacking
 scripts adversarial policies into the rollout engine (`generate_fn`) and checks each scores strictly
-below a simple valid-and-consistent policy under every shipped GRPO config. The path tests run the real
+below a simple valid-and-consistent policy under every shipped GRPO config (the demo's and the recipe's GRPO
+stage for the 270M and the 4B). The path tests run the real
 commands on the tiny model with HOME and the caches in temp folders and the working folder elsewhere.
 """
 
@@ -265,6 +266,19 @@ ADVERSARIES = {
 }
 
 
+def shipped_grpo_configs() -> list[tuple[str, "grpo.GRPOConfig"]]:
+    """(name, config) of every GRPO config a user runs: config/*/grpo*.json and the GRPO stages `wordle-mlx recipe`
+    builds from config/recipe.json for the 270M and the 4B."""
+    from wordle_mlx.stages.recipe import build_stages
+
+    configs = [(path.name, load_config(path, grpo.GRPOConfig))
+               for path in sorted((ROOT / "config").rglob("grpo*.json"))]
+    for model in ("builtin:gemma-3-270m", "mlx-community/gemma-3-4b-it-bf16"):
+        _, stages = build_stages(str(ROOT / "config" / "recipe.json"), model, ship_exists=False)
+        configs += [(f"recipe {s.name} {model}", s.config) for s in stages if s.kind == "grpo"]
+    return configs
+
+
 class RewardHacking(unittest.TestCase):
     """Each adversarial policy scores strictly below a random consistent candidate, per shipped config."""
 
@@ -287,20 +301,19 @@ class RewardHacking(unittest.TestCase):
         return total / n
 
     def test_adversaries_score_below_a_consistent_policy_under_every_shipped_config(self):
-        configs = sorted((ROOT / "config").rglob("grpo*.json"))
-        self.assertGreaterEqual(len(configs), 2)
+        configs = shipped_grpo_configs()
+        self.assertGreaterEqual(len(configs), 3)
         self.table = []
-        for path in configs:
-            cfg = load_config(path, grpo.GRPOConfig)
+        for config_name, cfg in configs:
             good = self.mean_reward(cfg, consistent_candidate)
             for name, choose in ADVERSARIES.items():
-                with self.subTest(config=path.name, policy=name):
+                with self.subTest(config=config_name, policy=name):
                     cut = ScriptedPolicy.truncated
                     bad = self.mean_reward(cfg, choose)
                     self.assertLess(bad, good, f"{name}: {bad:.4f} >= consistent {good:.4f}")
                     if "max" in name:     # these replies really hit the token limit
                         self.assertGreater(ScriptedPolicy.truncated, cut)
-                    self.table.append((path.name, name, bad, good))
+                    self.table.append((config_name, name, bad, good))
         if os.environ.get("WORDLE_MLX_SHOW_REWARDS"):
             for row in self.table:
                 print("%s | %s | %.4f | %.4f" % row)

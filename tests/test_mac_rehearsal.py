@@ -1,10 +1,10 @@
 """The Mac rehearsal: every stage on tiny checkpoints laid out like mlx-community/gemma-3-4b-it-bf16 and -4bit.
 
 For each layout (float32, bfloat16, 4-bit made by mlx-lm's own quantizer; `tests/rehearsal/mac_layouts.py`) one class
-runs `data`, `sft` (gradient checkpointing on), `train` (GRPO), `eval`, `play` and `fuse` with the 4B recipe's
-own configs from config/gemma3-4b/, changing only the model path, the dtype for the float32 layout, the
-output folders and the sizes (steps, batch, games, tokens), then loads the adapter and the fused folder with
-plain `mlx_lm.load` and generates a few tokens. Each stage is its own test; a later stage reuses the earlier
+runs `data`, `sft` (gradient checkpointing on), `train` (GRPO), `eval`, `play` and `fuse` with the configs the
+recipe runner builds for the 4B model (`tests/rehearsal/recipe.py`), changing only the model path, the dtype for
+the float32 layout, the output folders and the sizes (steps, batch, games, tokens), then loads the adapter and the
+fused folder with plain `mlx_lm.load` and generates a few tokens. Each stage is its own test; a later stage reuses the earlier
 stage's output (built once per class), so a failing stage fails its own test and those that need it.
 
 How the GRPO update is made honest: a random model never plays a word, so every reply to a board scores the
@@ -68,7 +68,7 @@ class MacRehearsal:
         from wordle_mlx.config import load_config
         from wordle_mlx.stages import data
 
-        cfg = self.write("data.json", recipe("data.json", out=str(self.root / "data"), train_examples=24,
+        cfg = self.write("data.json", recipe("data", out=str(self.root / "data"), train_examples=24,
                                              valid_examples=8, tokenizer=self.model, progress=False))
         return self.once("data", lambda: data.run(load_config(cfg, data.DataConfig)))
 
@@ -77,7 +77,7 @@ class MacRehearsal:
         from wordle_mlx.stages import sft
 
         self.data()
-        cfg = self.write("sft.json", recipe("sft-bf16.json", **{
+        cfg = self.write("sft.json", recipe("sft", **{
             "model.name": self.model, "model.dtype": self.dtype, "data.folder": str(self.root / "data"),
             "run.logs_dir": str(self.root / "logs"), "run.steps": 2, "data.batch_size": 4, "validation.every": 2,
             "validation.batches": 1, "run.save_every": 2}))
@@ -88,7 +88,7 @@ class MacRehearsal:
         from wordle_mlx.stages import grpo
 
         adapters = self.sft()["adapters"]
-        cfg = self.write("grpo.json", recipe("grpo-bf16.json", **{
+        cfg = self.write("grpo.json", recipe("grpo-cover", **{
             "model.name": self.model, "model.dtype": self.dtype, "model.adapter": adapters,
             "run.logs_dir": str(self.root / "logs"), "run.steps": 1, "rl.batch_prompts": 2,
             "run.save_every": 0, "rl.num_generations": 2, "max_tokens": 8, "validation.every": 0}))
@@ -157,7 +157,7 @@ class MacRehearsal:
         from wordle_mlx.stages import evaluate
 
         out = self.root / "eval.json"
-        cfg = self.write("eval-cfg.json", recipe("eval-bf16.json", **{
+        cfg = self.write("eval-cfg.json", recipe("eval", **{
             "model": self.model, "dtype": self.dtype, "adapter": self.sft()["adapters"], "games": 2,
             "baselines": False, "out": str(out), "rollout.max_tokens_per_turn": 8, "progress": False}))
         with contextlib.redirect_stdout(io.StringIO()):
@@ -186,7 +186,7 @@ class MacRehearsal:
 
         adapters = self.train()["adapters"]
         out = self.root / "fused"
-        # as scripts/train_4b.sh fuses: a 4-bit base dequantized (re-quantizing rounds a small adapter away)
+        # as the recipe's fuse stage fuses: a 4-bit base dequantized (re-quantizing rounds a small adapter away)
         cfg = load_config(None, fuse.FuseConfig, {"model": self.model, "adapter": adapters, "out": str(out),
                                                   "overwrite": True, "dequantize": self.KIND == "4bit"})
         result = fuse.run(cfg)

@@ -223,8 +223,9 @@ class PlanStageTest(unittest.TestCase):
         self.assertIn("model_type 'llama'", str(e.exception))
 
     def test_plans_before_the_download_for_every_4b_config(self):
-        """No model on disk, no --model-config: the 4B recipe's configs plan from the known dimensions, which
-        are the ones of the Mac-layout rehearsal checkpoint."""
+        """No model on disk, no --model-config: the 4B recipe's stage configs (as `wordle-mlx recipe --model
+        mlx-community/gemma-3-4b-it-VARIANT` writes them) plan from the known dimensions, which are the ones of the
+        Mac-layout rehearsal checkpoint."""
         from wordle_mlx.planning.gemma3_sizes import known_config
         from tests.rehearsal.mac_layouts import TEXT_CONFIG_4B
 
@@ -232,15 +233,25 @@ class PlanStageTest(unittest.TestCase):
         self.assertEqual({k: v for k, v in TEXT_CONFIG_4B.items() if k in known}, known)
         self.assertEqual(known_config("mlx-community/gemma-3-4b-it-4bit")["quantization"]["bits"], 4)
         self.assertIsNone(known_config("someone/llama-7b"))
-        configs = sorted((ROOT / "config" / "gemma3-4b").glob("*.json"))
+        from tests.rehearsal.recipe import chain_4b
+        from wordle_mlx.stages.recipe_build import write_snapshot
+
         kinds = set()
-        for path in configs:
-            if path.name == "data.json" or path.name.startswith("data-"):
-                continue
-            with self.subTest(config=path.name):
-                r = plan.run(plan.PlanConfig(config=str(path), json_output=True))
-                kinds.add(r["stage"])
-                self.assertGreater(r["peak_gb"], 2.0 if "4bit" in path.name else 7.0)   # the weights alone
+        before = os.getcwd()
+        os.chdir(self.tmp)                     # the snapshots' paths, relative to their folder, stay inside it
+        try:
+            for variant in ("bf16", "4bit"):
+                for name, stage in chain_4b(variant).items():     # the recipe's stages for the 4B model
+                    if stage.kind not in ("sft", "grpo", "eval", "self-play") or name == "eval-fused-greedy":
+                        continue
+                    with self.subTest(config=f"{name}-{variant}"):
+                        path = write_snapshot(stage, Path(variant))
+                        r = plan.run(plan.PlanConfig(config=str(path), json_output=True))
+                        self.assertEqual(r["stage"], stage.kind)
+                        kinds.add(r["stage"])
+                        self.assertGreater(r["peak_gb"], 2.0 if variant == "4bit" else 7.0)   # the weights alone
+        finally:
+            os.chdir(before)
         self.assertEqual(kinds, {"sft", "grpo", "eval", "self-play"})
 
     def test_measure_runs_two_steps_and_projects_the_stage(self):

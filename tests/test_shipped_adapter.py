@@ -42,6 +42,16 @@ def shipped_eval() -> dict:
     return greedy[0]
 
 
+def self_play_rounds() -> list[Path]:
+    """The self-play rounds' configs the package records: its recipe's self-play stages (`recipe.json` and the
+    stage snapshots in `recipe/`, as `wordle-mlx recipe` ships), or `recipe/choice_N.json` (the shell recipe's)."""
+    if (SHIPPED / "recipe.json").is_file():
+        from wordle_mlx.stages.recipe_file import expand, load_recipe
+        steps = expand(load_recipe(SHIPPED / "recipe.json"), "270m")
+        return [SHIPPED / "recipe" / f"{step.name}.json" for step in steps if step.kind == "self-play"]
+    return sorted((SHIPPED / "recipe").glob("choice_*.json"))
+
+
 class ShippedDataSeedTest(unittest.TestCase):
     def setUp(self):
         self.seed = json.loads((SHIPPED / "data_seed.json").read_text())
@@ -76,7 +86,7 @@ class ShippedDataSeedTest(unittest.TestCase):
         """Each self-play round's secrets (a seeded shuffle of the split) are in the shipped seed, so the split
         check above covers them; a recipe with choice_N.json files must list their configs."""
         splits = split_answers()
-        rounds = sorted((SHIPPED / "recipe").glob("choice_*.json"))
+        rounds = self_play_rounds()
         self.assertEqual(len(self.seed.get("choice_configs", [])), len(rounds))
         for cfg_dict in self.seed.get("choice_configs", []):
             cfg = choice.ChoiceConfig(**cfg_dict)  # its defaults for what the file leaves out

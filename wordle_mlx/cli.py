@@ -396,6 +396,28 @@ def export(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter
     emit(stage.run(export_config(adapter, out, model, dtype, overwrite, ollama, json_output)), json_output)
 
 
+@app.command(name="recipe")
+def recipe_command(recipe: Annotated[Optional[Path], typer.Argument(help="The recipe file (default: config/recipe.json).")] = None,
+                   model: Annotated[Optional[str], typer.Option("--model", help="The model to train; its dtype, blocks trained, checkpointing and fuse derive from it (default: builtin:gemma-3-270m).")] = None,
+                   dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the stages still to run, their commands, planned peaks and projected times; run nothing.")] = False,
+                   until: Annotated[Optional[str], typer.Option("--until", help="Stop after this stage (run again to go on).")] = None,
+                   games: Annotated[Optional[int], typer.Option("--games", help="Games of every eval (default: 200).")] = None,
+                   dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32, bfloat16 or float16 (default: this machine's: float32 on CPU, bfloat16 on a GPU); --dtype bfloat16 --dry-run plans what a Mac runs.")] = None,
+                   memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Plan for this much memory, as a Mac's working set (default: this machine's).")] = None,
+                   no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars in the stages.")] = False,
+                   json_output: JsonFlag = False) -> None:
+    """Run a recipe's stages in order (data, SFT, self-play, cover, GRPO, evals, plots, ship), resumably: a finished
+    stage is skipped, an interrupted training stage resumes from its checkpoint."""
+    from .stages import recipe as stage
+    cfg = load_config(None, stage.RecipeConfig, {
+        "recipe": str(recipe) if recipe else None, "model": model, "dry_run": dry_run or None, "until": until,
+        "games": games, "dtype": dtype, "memory_gb": memory_gb, "progress": False if no_progress else None})
+    result = stage.run(cfg)
+    emit(result, json_output)
+    if result.get("status"):
+        raise typer.Exit(result["status"])
+
+
 model_app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Import models into mlx-lm folders.")
 app.add_typer(model_app, name="model")
 

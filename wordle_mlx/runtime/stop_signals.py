@@ -4,7 +4,7 @@
 name; the loop checks `received` after each finished step, saves a checkpoint there and returns with
 `stopped` set to "SIGINT" or "SIGTERM". A second Ctrl-C raises `KeyboardInterrupt` at once (the stages
 then drop the unfinished step). The CLI turns a stopped run into exit code 130 (SIGINT) or 143 (SIGTERM),
-so a script such as `scripts/train_270m_cpu.sh` never marks a stopped stage as done. Without it, SIGTERM
+so `wordle-mlx recipe` (`make train-270m`) never marks a stopped stage as done. Without it, SIGTERM
 killed the process between checkpoints. A signal the process inherited as ignored stays ignored (a shell
 starts background jobs with SIGINT ignored: stop those with SIGTERM). Handlers are installed only in the
 main thread (Python allows no other) and restored on exit.

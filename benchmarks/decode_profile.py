@@ -2,10 +2,13 @@
 
 The shipped adapter replies greedily to 64 letters-format boards (test words, 0-2 earlier guesses, as
 `decode_roofline.py`) in one `BatchedGenerator` call in grammar decoding. The call's parts are timed by wrapping
-the decoder's two model calls (each evaluated before its clock stops): `body_hidden` (the shared start once, then
-each group of board remainders) and `_step` (one letter position for every row); the rest of the call (masks,
-picks, buffers, Python) is what is left. Prints each part's seconds and share, then the prompt tokens run and
-the padded slots their groups ran; last line `prefill_share X.XX`.
+the decoder's model calls (each evaluated before its clock stops): `body_hidden` (the shared start, once),
+`packed_prefill` (every board's remainder in one packed stream) and `_step` (one letter position for every row);
+the rest of the call (the 26-row head, masks, picks, buffers, Python) is what is left. Each part is printed with
+its seconds, its share of the call, the matmul FLOPs its tokens need through the body's linear layers (LoRA
+included, as `decode_roofline.py` counts them) and the rate that gives, as a fraction of the float32 matmul rate
+measured in the same run (512 x hidden x 4 hidden): each part's own roofline fraction. Then the prompt tokens run
+and last `prefill_share X.XX` (the shared start and the boards over the call).
 Usage: python benchmarks/decode_profile.py [--adapter adapters/gemma-3-270m-wordle] [--batch 64] [--repeats 2]
 """
 
@@ -35,55 +38,70 @@ def main() -> None:
 
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.state import GameState
+    from wordle_mlx.llm.model.logits import text_model
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play import letter_decoder
     from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
     from wordle_mlx.llm.play.rollout import RolloutConfig, prompt_token_ids
 
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from decode_roofline import linear_macs, matmul_gflops
+
     model, tokenizer = load_model(args.model, adapter_path=args.adapter)
     model.eval()
+    body = text_model(model).model
+    body_flops = 2 * sum(linear_macs(layer) for layer in body.layers)      # per token
     cfg = RolloutConfig().for_adapter(args.adapter)
     openers = ["raise", "clout", "denim", "pygmy"]
     prompts = [prompt_token_ids(tokenizer, cfg, GameState(w, [o for o in openers[:i % 3] if o != w]))
                for i, w in enumerate(split_words("test")[:args.batch])]
-    parts = {"prefill": 0.0, "letter steps": 0.0}
-    slots = [0]
-    body_hidden, step = letter_decoder.body_hidden, letter_decoder._step
+    names = ("prefill: shared start", "prefill: the boards, packed", "letter steps")
+    parts = {k: 0.0 for k in names}
+    tokens = {k: 0 for k in names}
+    originals = {"body_hidden": letter_decoder.body_hidden, "packed_prefill": letter_decoder.packed_prefill,
+                 "_step": letter_decoder._step}
 
-    def timed_prefill(model_, inputs, *a, **k):
-        start = time.perf_counter()
-        out = body_hidden(model_, inputs, *a, **k)
-        mx.eval(out)
-        parts["prefill"] += time.perf_counter() - start
-        slots[0] += inputs.size
-        return out
+    def timed(name: str, original, count):
+        def call(*a, **k):
+            start = time.perf_counter()
+            out = original(*a, **k)
+            mx.eval(out)
+            parts[name] += time.perf_counter() - start
+            tokens[name] += count(*a)
+            return out
+        return call
 
-    def timed_step(*a, **k):
-        start = time.perf_counter()
-        out = step(*a, **k)
-        mx.eval(out)
-        parts["letter steps"] += time.perf_counter() - start
-        return out
-
-    letter_decoder.body_hidden, letter_decoder._step = timed_prefill, timed_step
+    letter_decoder.body_hidden = timed("prefill: shared start", originals["body_hidden"],
+                                       lambda m, inputs, *a: inputs.size)
+    letter_decoder.packed_prefill = timed("prefill: the boards, packed", originals["packed_prefill"],
+                                          lambda m, segments, *a: sum(len(s) for s in segments))
+    letter_decoder._step = timed("letter steps", originals["_step"], lambda m, inputs, *a: inputs.size)
     generate = BatchedGenerator(model, tokenizer, mode="grammar")
     greedy = SamplingConfig(completion_batch_size=args.batch)
     generate(prompts[:2], greedy)                      # first-call costs out of the way
+    gflops = matmul_gflops(512, body.args.hidden_size, 4 * body.args.hidden_size)
     total = 0.0
     for _ in range(args.repeats):
-        for k in parts:
-            parts[k] = 0.0
-        slots[0] = 0
+        for k in names:
+            parts[k], tokens[k] = 0.0, 0
         before = generate.prefilled_tokens
         start = time.perf_counter()
         generate(prompts, greedy)
         total = time.perf_counter() - start
         ran = generate.prefilled_tokens - before
-    print(f"{args.batch} boards, one grammar-decoding call: {total:.2f} s")
-    for name, s in list(parts.items()) + [("the rest (masks, picks, buffers, Python)", total - sum(parts.values()))]:
-        print(f"  {name:42s} {s:6.2f} s  {s / total:5.1%}")
-    print(f"prompt tokens run {ran}, in {slots[0]} slots with the groups' padding")
-    print(f"prefill_share {parts['prefill'] / total:.2f}")
+    print(f"{args.batch} boards, one grammar-decoding call: {total:.2f} s; float32 matmul measured {gflops:.0f} "
+          f"GFLOP/s (512 x {body.args.hidden_size} x {4 * body.args.hidden_size})")
+    print(f"  {'part':42s} {'seconds':>7s} {'share':>6s} {'tokens':>7s} {'GFLOP':>7s} {'GFLOP/s':>8s} "
+          f"{'of matmul':>9s}")
+    rest = total - sum(parts.values())
+    for name in names:
+        s, flops = parts[name], tokens[name] * body_flops / 1e9
+        rate = flops / s if s > 0 else 0.0
+        print(f"  {name:42s} {s:7.2f} {s / total:6.1%} {tokens[name]:7d} {flops:7.1f} {rate:8.1f} {rate / gflops:9.2f}")
+    print(f"  {'the rest (head rows, masks, picks, buffers)':42s} {rest:7.2f} {rest / total:6.1%}")
+    print(f"prompt tokens run {ran} (no padding)")
+    prefill = parts["prefill: the boards, packed"] + parts["prefill: shared start"]
+    print(f"prefill_share {prefill / total:.2f}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Builds the items of one GRPO step on the real 270M (B prompts, each a compact Wo
 by the chat template, and G sampled replies of the letters format each, with rewards spread so that no
 group is skipped), then times `policy_update` with `share_prompts` on and off from the same starting
 weights (SGD, so the weights after the two updates can be compared), alternating the two. Prints the
-padded tokens each packing runs through the model, seconds per update, the largest weight difference
+padded tokens each packing runs through the model (shared: the micro-batches' start the prompts share, once each,
+their prompts' rests and the replies), seconds per update, the largest weight difference
 after the update, and last `speedup X.XX` (plain over shared).
 Usage: python benchmarks/grpo_update.py [--model builtin:gemma-3-270m] [--prompts 4] [--generations 8] [--repeats 2]
 """
@@ -34,7 +35,7 @@ def main() -> None:
     from wordle_mlx.llm.model import lora
     from wordle_mlx.llm.play.episode import TokenSequence
     from wordle_mlx.llm.training.rl import LossSettings
-    from wordle_mlx.llm.training.packing import shared_prompt_groups, split_batch
+    from wordle_mlx.llm.training.packing import micro_batches, split_batch
     from wordle_mlx.llm.training.rl import ScoredItem, UpdateSettings, policy_update
     from wordle_mlx.llm.model.models import load_model
     from wordle_mlx.llm.play.prompts import PromptConfig, build_messages, format_reply
@@ -64,9 +65,11 @@ def main() -> None:
                                 [0.0] * len(prompt) + [-1.0] * len(reply))
             items.append(ScoredItem([seq], b, float(g), {}))
     seqs = [it.sequences[0] for it in items]
-    groups, _ = shared_prompt_groups(seqs, 256)
-    shared_tokens = sum(len(seqs[g[0]].tokens) - sum(seqs[g[0]].mask) - 1 + len(g) * max(sum(seqs[i].mask) for i in g)
-                        for g in groups)
+    shared_tokens = 0
+    for idx, pack in micro_batches(seqs, True, 2048, 256):     # the update's own micro-batches and packing
+        b = pack([seqs[i] for i in idx], [0.0] * len(idx), [np.zeros(sum(seqs[i].mask)) for i in idx])
+        start = 0 if b.prefix_start is None else len(b.prefix_start)
+        shared_tokens += start + (0 if b.prefix is None else b.prefix.size) + b.inputs.size
     plain_tokens = sum(len(idx) * (max(len(seqs[i].tokens) for i in idx) - 1) for idx in split_batch(seqs, 2048, 256))
     start = list(tree_flatten(model.trainable_parameters()))
     times = {"plain": [], "shared": []}

@@ -1,11 +1,14 @@
-"""Fast play and fast updates: the lockstep letter decoder's prefill groups and batch independence (a game that ends
-leaves the others' replies as they were), the update's micro-batches of several prompts (the same loss and
-gradients as one micro-batch a prompt), and an update that trains only the last blocks (the same gradients for
-those blocks as a full backward pass). The decoder's log-probs against the full model are in test_grammar.py."""
+"""Fast play and fast updates: the lockstep letter decoder's packed prefill (the same states, letters and log-probs
+as one prompt at a time, for remainders of very different lengths, one of a single token) and batch independence
+(a game that ends leaves the others' replies as they were), the update's micro-batches of several prompts (the same
+loss and gradients as one micro-batch a prompt, the system prompt they share run once), and an update that trains
+only the last blocks (the same gradients for those blocks as a full backward pass). The decoder's log-probs against
+the full model are in test_grammar.py."""
 
 from __future__ import annotations
 
 import unittest
+from unittest import mock
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,14 +19,17 @@ from wordle_mlx.game.state import GameState
 from wordle_mlx.llm.model.lora import freeze_lora_below
 from wordle_mlx.llm.play.episode import reply_sequence
 from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.play.letter_decoder import GROUP_SPREAD, _prefill_groups
+from wordle_mlx.llm.model.logits import body_hidden, head_rows
+from wordle_mlx.llm.model.packed import attention_chunks, packed_prefill
+from wordle_mlx.llm.play import letter_decoder
+from wordle_mlx.llm.play.tokens import common_prefix_length
 from wordle_mlx.llm.play.reply_grammar import LetterChoices, LetterGrammar
 from wordle_mlx.llm.play.rollout import RolloutConfig, prompt_token_ids
 from wordle_mlx.llm.training.rl import LossSettings, grpo_loss
 from wordle_mlx.llm.training.packing import averaging_weights, batch_arrays, merge_prompt_groups, pack_shared_batch, shared_prompt_groups
 
 from tests import F32_RTOL
-from tests.test_grammar import WORDS, lora_policy, rounding_tolerance
+from tests.test_grammar import SPLIT_PROMPT_ULPS, WORDS, lora_policy, rounding_tolerance
 
 BOARDS = [[], ["slate"], ["brine", "stomp"], ["crane", "pious", "dumpy"], ["raise"], ["clout", "denim"]]
 
@@ -37,17 +43,90 @@ def flat(tree) -> dict:
     return dict(tree_flatten(tree))
 
 
-class PrefillGroupsTest(unittest.TestCase):
-    def test_groups_cover_the_rows_in_order_within_budget_and_spread(self):
-        rng = np.random.default_rng(0)
-        for budget in (64, 512, 2048):
-            lengths = np.sort(rng.integers(1, 60, size=80))
-            groups = _prefill_groups(lengths, budget)
-            self.assertEqual([i for a, b in groups for i in range(a, b)], list(range(len(lengths))))
-            for a, b in groups:
-                if b - a > 1:
-                    self.assertLessEqual((b - a) * lengths[b - 1], budget)
-                    self.assertLessEqual(lengths[b - 1], GROUP_SPREAD * lengths[a])
+def padded_prefill(model, segments, prefix_kv, shared):
+    """The reference prefill: one remainder at a time through `body_hidden` after the shared start's keys (no
+    packing, no padding), in `packed_prefill`'s output shapes. The global random state is left as it was (each
+    block call of `body_hidden` would draw a dropout key from it, and no dropout runs here), so a sampled decoding
+    draws what the packed one does."""
+    last, kvs = [], None
+    for seg in segments:
+        with mock.patch.object(mx.random, "randint", lambda low, high, shape: mx.zeros(shape, mx.int32)):
+            hidden, kv = body_hidden(model, mx.array(list(seg))[None], prefix_kv, keep_kv=True)
+        last.append(hidden[0, -1])
+        kvs = [[k] for k in kv] if kvs is None else [acc + [k] for acc, k in zip(kvs, kv)]
+    return mx.stack(last), [tuple(mx.concatenate([k[j] for k in acc], axis=2) for j in (0, 1)) for acc in kvs]
+
+
+def uneven_prompts(tokenizer, grammar) -> list[list[int]]:
+    """Prompts whose remainders after their shared start differ widely in length, one of them a single token."""
+    prompts = [p + grammar.open + grammar.sep for p in board_prompts(tokenizer)]
+    shared = common_prefix_length(prompts)
+    return prompts + [prompts[0][:shared] + [prompts[0][-1]]]
+
+
+class PackedPrefillTest(unittest.TestCase):
+    """The packed prefill (every remainder in one stream) against one remainder at a time: the same letters and
+    log-probs, and the same keys, values and letter logits to float32 rounding of their size."""
+
+    def test_attention_chunks_cover_whole_segments(self):
+        lengths = [1, 3, 200, 5, 64, 64, 1]
+        chunks = attention_chunks(lengths, 128)
+        ends = set(np.cumsum(lengths).tolist()) | {0}
+        self.assertEqual((chunks[0][0], chunks[-1][1]), (0, sum(lengths)))
+        for (lo, hi), (lo2, _) in zip(chunks, chunks[1:] + [(sum(lengths), 0)]):
+            self.assertEqual(hi, lo2)
+            self.assertTrue(lo in ends and hi in ends)
+            self.assertTrue(hi - lo <= 128 or (lo, hi) == (4, 204))
+
+    def check_states(self, spec: str):
+        model, tok = lora_policy(spec)
+        g = LetterGrammar.for_tokenizer(tok)
+        prompts = uneven_prompts(tok, g)
+        letters = head_rows(model, mx.array(g.letter_ids))
+        for shared in (common_prefix_length(prompts), 0):
+            segments = [p[shared:] for p in prompts]
+            self.assertEqual(min(len(s) for s in segments), 1 if shared else len(prompts[-1]))
+            prefix_kv = body_hidden(model, mx.array(prompts[0][:shared])[None], keep_kv=True)[1] if shared else None
+            got, got_kv = packed_prefill(model, segments, prefix_kv, shared)
+            want, want_kv = padded_prefill(model, segments, prefix_kv, shared)
+            logits, ref = np.array(got @ letters.T), np.array(want @ letters.T)
+            atol = rounding_tolerance(1e-5, float(np.abs(ref).max()), SPLIT_PROMPT_ULPS)
+            np.testing.assert_allclose(logits, ref, rtol=0, atol=atol, err_msg=f"{spec} shared {shared}: letter logits")
+            for i, ((k, v), (k_ref, v_ref)) in enumerate(zip(got_kv, want_kv)):
+                for x, y, what in ((k, k_ref, "keys"), (v, v_ref, "values")):
+                    y = np.array(y)
+                    np.testing.assert_allclose(np.array(x), y, rtol=0, atol=F32_RTOL * 10 * float(np.abs(y).max()),
+                                               err_msg=f"{spec} shared {shared} block {i} {what}")
+
+    def check_decoding(self, spec: str):
+        model, tok = lora_policy(spec)
+        g = LetterGrammar.for_tokenizer(tok)
+        prompts = [p[:-len(g.open + g.sep)] for p in uneven_prompts(tok, g)]
+        boards = BOARDS + [[]]
+        for mode in ("grammar", "words"):
+            for temperature in (0.0, 1.0):
+                cfg = SamplingConfig(temperature=temperature, seed=4)
+                replies = {}
+                for name in ("packed", "one at a time"):
+                    mx.random.seed(4)
+                    generate = BatchedGenerator(model, tok, mode=mode, words=WORDS)
+                    with mock.patch.object(letter_decoder, "packed_prefill",
+                                           letter_decoder.packed_prefill if name == "packed" else padded_prefill):
+                        replies[name] = generate(prompts, cfg, excluded=boards)
+                for i, (a, b) in enumerate(zip(replies["packed"], replies["one at a time"])):
+                    self.assertEqual(a.text, b.text, f"{spec} {mode} T={temperature} prompt {i}")
+                    scale = float(np.abs(b.logprobs).max()) + 30.0        # the logits' size, not the log-prob's
+                    atol = rounding_tolerance(1e-5, scale, SPLIT_PROMPT_ULPS)
+                    np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=atol,
+                                               err_msg=f"{spec} {mode} T={temperature} prompt {i}")
+
+    def test_tiny_model(self):                       # a character tokenizer: a forced separator before each letter
+        self.check_states("builtin:tiny-random")
+        self.check_decoding("builtin:tiny-random")
+
+    def test_gemma_270m(self):
+        self.check_states("builtin:gemma-3-270m")
+        self.check_decoding("builtin:gemma-3-270m")
 
 
 class BatchIndependenceTest(unittest.TestCase):
@@ -77,8 +156,9 @@ class BatchIndependenceTest(unittest.TestCase):
 
 class MultiPromptUpdateTest(unittest.TestCase):
     def test_several_prompts_in_one_micro_batch_give_the_same_loss_and_gradients(self):
-        """Replies to 4 boards packed in one micro-batch (the prompts run together, each reply attends to its own)
-        against one micro-batch a board: the same loss, and the same gradient to float32 rounding."""
+        """Replies to 4 boards packed in one micro-batch (the system prompt the boards share runs once, the boards'
+        rests together after it, each reply attends to its own prompt) against one micro-batch a board: the same
+        loss, and the same gradient to float32 rounding."""
         model, tok = lora_policy("builtin:gemma-3-270m")
         prompts = board_prompts(tok)[:4]
         rows = [i for i in range(4) for _ in range(3)]
@@ -96,6 +176,7 @@ class MultiPromptUpdateTest(unittest.TestCase):
         self.assertEqual(merged, [list(range(12))])
         together = batch_arrays(pack_shared_batch(seqs, adv, weights), letters)
         self.assertIsInstance(together["prefix"], tuple)
+        self.assertEqual(len(together["prefix"]), 4)          # the system prompt they share runs once
         loss, grads = value_and_grad(together)
         total, summed = 0.0, None
         for idx in groups:

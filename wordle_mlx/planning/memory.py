@@ -297,18 +297,21 @@ def grpo_plan(d: ModelDims, n: GRPONumbers) -> MemoryPlan:
     rows = min(n.batch_prompts * n.generations, n.completion_batch_size)
     length = n.prompt_tokens + n.reply_tokens
     scored = 5 if letters else n.reply_tokens          # loss positions a reply: its 5 letters, or every token
+    # a letter choice is a 26-wide logit row: in grammar and words decoding only the padded tokens bound a pass
+    # (llm/training/rl.policy_batch); a vocabulary-wide row is capped at max_loss_tokens_per_microbatch
+    loss_cap = n.max_tokens_per_microbatch if letters else n.max_loss_tokens_per_microbatch
     if n.share_prompts:
         # whole groups merged into one pass (llm/training/packing.merge_prompt_groups) while the loss tokens fit
         # max_loss_tokens_per_microbatch and the prompts and padded replies fit max_tokens_per_microbatch
         group = n.generations * scored
-        prompts = max(1, min(n.batch_prompts, n.max_loss_tokens_per_microbatch // group,
+        prompts = max(1, min(n.batch_prompts, loss_cap // group,
                              n.max_tokens_per_microbatch // (n.prompt_tokens + n.generations * n.reply_tokens)))
-        positions = min(n.max_loss_tokens_per_microbatch, prompts * group)
+        positions = min(loss_cap, prompts * group)
         tokens = prompts * n.prompt_tokens + positions
         shape = f"{prompts} prompt{'s' if prompts > 1 else ''} of {n.prompt_tokens} + {positions} reply"
     else:
         micro_rows = max(1, min(n.batch_prompts * n.generations * length, n.max_tokens_per_microbatch) // length)
-        positions = min(n.max_loss_tokens_per_microbatch, micro_rows * scored)
+        positions = min(loss_cap, micro_rows * scored)
         tokens, shape = micro_rows * length, f"{micro_rows} x {length}"
     width = batch_cache_width(n.prompt_tokens, n.reply_tokens)
     rollout = grpo_rollout_bytes(d, n)

@@ -32,8 +32,9 @@ class RLSection(StrictModel):
     k_weights: list[float] = Field([0.7, 0.1, 0.1, 0.1], description="P(k seeded guesses on a step's board), "
                                    "k = 0, 1, ...")
     max_tokens_per_microbatch: int = Field(2048, ge=16, description="Padded tokens per forward/backward pass of the "
-                                           "update; its reply tokens, each a logit row over the vocabulary, are capped "
-                                           "at an eighth of it (256 of 2048). Lower it to save memory.")
+                                           "update; in free decoding its reply tokens, each a logit row over the "
+                                           "vocabulary, are capped at an eighth of it (256 of 2048). Lower it to save "
+                                           "memory.")
 
     @property
     def max_loss_tokens_per_microbatch(self) -> int:

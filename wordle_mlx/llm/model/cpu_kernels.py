@@ -105,6 +105,11 @@ def use_fast_gelu(model) -> int:
     return switched
 
 
+def mlp_gelu(mlp):
+    """The GELU a Gemma 3 MLP calls: `gelu_approx_fast` once `use_fast_gelu` switched it, else mlx-lm's."""
+    return gelu_approx_fast if type(mlp) in _FAST_CLASSES.values() else nn.gelu_approx
+
+
 _THREADS = min(os.cpu_count() or 1, 8)
 _POOL = ThreadPoolExecutor(max_workers=_THREADS)
 _NUMPY_MIN_WIDTH = 4096     # logits narrower than this stay in MLX

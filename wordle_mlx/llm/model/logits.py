@@ -84,13 +84,24 @@ def hidden_at(model, inputs: mx.array, positions: mx.array, prefix: mx.array | N
 
 
 def multi_prefix_logits(model, prefixes: mx.array, lengths: mx.array, rows: mx.array, continuations: mx.array,
-                        positions: mx.array, token_ids: mx.array | None = None) -> mx.array:
+                        positions: mx.array, token_ids: mx.array | None = None, start: mx.array | None = None
+                        ) -> mx.array:
     """`shared_prefix_logits` for several prompts at once: `prefixes` (P, Lp) right-padded, `lengths` (P,) their
     real lengths, and row b of `continuations` continues prompt `rows[b]`. The prompts run through the model once,
-    together; each row attends to its own prompt's real positions and its own tokens. Gemma 3 text models only."""
+    together; each row attends to its own prompt's real positions and its own tokens. With `start` (1-D), every
+    prompt is `start` followed by its row of `prefixes`: the start runs once, at batch 1, and the prompts' rests
+    continue its keys and values (the gradient reaches it through all of them). Gemma 3 text models only."""
     if not has_split_head(model):
         raise ValueError("multi_prefix_logits needs a gemma3_text model")
-    _, prefix_kv = body_hidden(model, prefixes, keep_kv=True)
+    if start is None:
+        _, prefix_kv = body_hidden(model, prefixes, keep_kv=True)
+    else:
+        _, start_kv = body_hidden(model, start[None], keep_kv=True)
+        _, rest_kv = body_hidden(model, prefixes, start_kv, keep_kv=True)
+        p = prefixes.shape[0]
+        prefix_kv = [tuple(mx.concatenate([mx.broadcast_to(s, (p,) + s.shape[1:]), r], axis=2) for s, r in zip(sk, rk))
+                     for sk, rk in zip(start_kv, rest_kv)]
+        lengths = lengths + start.shape[0]
     hidden, _ = body_hidden(model, continuations, prefix_kv, prefix_rows=rows, prefix_lengths=lengths[rows])
     hidden = hidden.reshape(-1, hidden.shape[-1])[positions]
     return project(model, hidden, token_ids)
@@ -263,13 +274,13 @@ def shared_prefix_logits(model, prefix: mx.array, continuations: mx.array, posit
 
 def selected_logprobs(model, inputs, positions, targets, temperature: float, prefix=None, choices=None):
     """log_softmax(logits / T)[target] at the flat `positions` only (the vocabulary projection is the costly part).
-    With `prefix`, every row of `inputs` continues that one prefix, or with a (prompts, lengths, rows) tuple the
-    prompt `rows[b]` (see `pack_shared_batch`). With `choices`
+    With `prefix`, every row of `inputs` continues that one prefix, or with a (prompts, lengths, rows[, start])
+    tuple the prompt `rows[b]` (see `pack_shared_batch`). With `choices`
     (grammar decoding: `choice_arrays`), the targets are letter choices and the log-softmax runs over the allowed
     letters only, from their rows of the projection."""
     ids = None if choices is None else choices["ids"]
     if isinstance(prefix, tuple):
-        scaled = multi_prefix_logits(model, *prefix, inputs, positions, ids).astype(mx.float32)
+        scaled = multi_prefix_logits(model, *prefix[:3], inputs, positions, ids, *prefix[3:]).astype(mx.float32)
     elif prefix is not None:
         scaled = shared_prefix_logits(model, prefix, inputs, positions, ids).astype(mx.float32)
     else:

@@ -4,23 +4,25 @@ In grammar and words decoding (reply_grammar.py) every reply has the same shape,
 and nothing needs continuous batching. `decode_letters(model, grammar, prompts, policy, batch_size)`:
 1. the longest start shared by every prompt (the system prompt) runs through the model once, at batch 1;
 2. each distinct prompt's remainder (the board, then the forced opening tag) runs once, attending to that shared
-   start's keys and values (`logits.body_hidden`, as training's shared-prefix path). The remainders are sorted by
-   length and run in groups of similar length (`PREFILL_TOKENS` padded tokens a forward), so little padding
-   runs; rows that repeat a prompt (G samples of one board) share its keys and values;
-3. each block gets one key/value buffer for all rows: the shared start, the row's prompt remainder, and a free
-   slot for each letter to come;
+   start's keys and values: all remainders end to end as one packed token stream with no padding
+   (`packed.packed_prefill`), so the blocks' matmuls see every board's tokens at once; rows that repeat a prompt
+   (G samples of one board) share its keys and values;
+3. each block gets one key/value buffer for all rows, gathered in one step from the shared start's and the
+   stream's keys and values: the shared start, the row's prompt remainder, and a free slot for each letter to come;
 4. at each letter, the final hidden state of each row is multiplied by the 26 letter rows of the output
    projection only. The policy (`LetterPolicy`) masks the letters (grammar: none; words: the letters that continue
    an allowed word off the row's board, from `WordTrie.table()` on the device), picks them (greedy, or sampled by
    inverse CDF from one uniform a row) and scores them, all on the device; the chosen letters (and any forced
    separator) run through the model as one more position per row, with per-row positions (RoPE offsets), writing
-   their keys and values into the buffers' next slot. One evaluation a letter, and no per-row Python.
+   their keys and values into the buffers' next slot (each block as `packed.block`: the LoRA products that read the
+   same input merged). One evaluation a letter, and no per-row Python; the trie's tables go to the device once.
 Four such steps after the prompt give the 5 letters. Gemma 3 text models only (`logits.has_split_head`); the
 result is the full model's distribution at each letter, renormalised over the allowed letters (tests/test_grammar.py).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
@@ -28,11 +30,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..model.logits import body_hidden, head_rows, text_model
+from ..model.packed import block, packed_prefill, projections
 from .reply_grammar import LetterGrammar, WordTrie
 from .tokens import common_prefix_length
-
-PREFILL_TOKENS = 2048      # padded prompt tokens a prefill forward runs (a group of remainders of similar length)
-GROUP_SPREAD = 1.25        # a prefill group's longest remainder is at most this times its shortest
 
 
 @dataclass
@@ -63,6 +63,19 @@ class _SlotKV:
         return k, v
 
 
+def _slot_attention(attn, x: mx.array, mask: mx.array, kv: _SlotKV) -> mx.array:
+    """Gemma 3's attention (`gemma3_text.Attention.__call__`) of a step's positions against the block's buffer, its
+    linear layers through `packed.projections`."""
+    b, n, _ = x.shape
+    q, k, v = projections(x, [attn.q_proj, attn.k_proj, attn.v_proj])
+    q = attn.q_norm(q.reshape(b, n, attn.n_heads, -1).transpose(0, 2, 1, 3))
+    k = attn.k_norm(k.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
+    v = v.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    k, v = kv.update_and_fetch(attn.rope(k, offset=kv.offset), v)
+    out = mx.fast.scaled_dot_product_attention(attn.rope(q, offset=kv.offset), k, v, scale=attn.scale, mask=mask)
+    return projections(out.transpose(0, 2, 1, 3).reshape(b, n, -1), [attn.o_proj])[0]
+
+
 def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.array, query_pos: mx.array,
           slot: int) -> mx.array:
     """Run `inputs` (B, Lq) at positions `query_pos` (B, Lq), writing their keys/values at `slot` of each block's
@@ -77,7 +90,8 @@ def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.ar
     sliding = causal & (q - keys < body.window_size)
     pattern = body.sliding_window_pattern
     for i, layer in enumerate(body.layers):
-        h = layer(h, causal if i % pattern == pattern - 1 else sliding, _SlotKV(buffers[i], slot, query_pos[:, 0]))
+        mask, kv = causal if i % pattern == pattern - 1 else sliding, _SlotKV(buffers[i], slot, query_pos[:, 0])
+        h = block(layer, h, lambda attn, x, mask=mask, kv=kv: _slot_attention(attn, x, mask, kv))
     return body.norm(h[:, -1, :])
 
 
@@ -123,6 +137,17 @@ class _Picker:
         return chosen, value
 
 
+_DEVICE_TABLES: "weakref.WeakKeyDictionary[WordTrie, tuple[mx.array, mx.array]]" = weakref.WeakKeyDictionary()
+
+
+def _device_table(trie: WordTrie) -> tuple[mx.array, mx.array]:
+    """`trie.table()` as MLX arrays, made once per trie (not on every decoding call)."""
+    if trie not in _DEVICE_TABLES:
+        child, count = trie.table()
+        _DEVICE_TABLES[trie] = (mx.array(child), mx.array(count))
+    return _DEVICE_TABLES[trie]
+
+
 def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int]], policy: LetterPolicy,
                    batch_size: int = 64) -> tuple[list[list[int]], list[list[float]], int]:
     """(letter indices, their log-probs, prompt tokens run through the model) for each prompt, which must already
@@ -137,10 +162,7 @@ def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int
         mx.eval(prefix_kv)
     first = {p: j for j, p in enumerate(distinct)}
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), first[tuple(prompts[i])]))
-    words = None
-    if policy.trie is not None:
-        child, count = policy.trie.table()
-        words = (mx.array(child), mx.array(count))
+    words = None if policy.trie is None else _device_table(policy.trie)
     rows_w = head_rows(model, mx.array(grammar.letter_ids)).T
     letters = np.zeros((len(prompts), 5), dtype=np.int64)
     logprobs = np.zeros((len(prompts), 5), dtype=np.float32)
@@ -153,58 +175,40 @@ def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int
     return letters.tolist(), logprobs.tolist(), ran
 
 
-def _prefill_groups(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
-    """Consecutive (start, stop) groups of ascending `lengths`: a group ends before a length more than
-    `GROUP_SPREAD` times its first (so padding stays small) or before its padded size (count x longest) would pass
-    `budget` (a group always takes at least one)."""
-    groups, start = [], 0
-    for i in range(1, len(lengths) + 1):
-        if i == len(lengths) or (i + 1 - start) * lengths[i] > budget or lengths[i] > GROUP_SPREAD * lengths[start]:
-            groups.append((start, i))
-            start = i
-    return groups
-
-
 def _decode_chunk(model, grammar, prompts, shared, prefix_kv, rows_w, pick: _Picker):
     """Decode one chunk of rows, sorted by prompt length (see decode_letters): (letters (B, 5), log-probs (B, 5),
     prompt tokens run)."""
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
     index = {p: j for j, p in enumerate(distinct)}
-    which = mx.array([index[tuple(p)] for p in prompts])
+    which = np.array([index[tuple(p)] for p in prompts])
     lengths = np.array([len(p) - shared for p in distinct])
     width, b = int(lengths.max()), len(prompts)
-    last, parts = [], []
-    for lo, hi in _prefill_groups(lengths, PREFILL_TOKENS):
-        w = int(lengths[lo:hi].max())
-        rest = np.zeros((hi - lo, w), dtype=np.int32)
-        for j in range(lo, hi):
-            rest[j - lo, :lengths[j]] = distinct[j][shared:]
-        hidden, kv = body_hidden(model, mx.array(rest), prefix_kv, keep_kv=True)
-        last.append(hidden[mx.arange(hi - lo), mx.array(lengths[lo:hi] - 1)])
-        pad = [(0, 0), (0, 0), (0, width - w), (0, 0)]
-        parts.append([(mx.pad(k, pad), mx.pad(v, pad)) for k, v in kv])
-        mx.eval(last[-1], parts[-1])
+    last, kv = packed_prefill(model, [p[shared:] for p in distinct], prefix_kv, shared)
     step_len = 1 + len(grammar.sep)
     free = 4 * step_len                                  # a slot for each letter but the last, and its separator
+    n, starts = lengths[which], (np.cumsum(lengths) - lengths)[which]
+    # each row's buffer gathered from [the shared start, the packed stream, one zero slot]: its own remainder, then
+    # zeros where it is shorter than the longest and in the letters' free slots
+    zero = shared + int(lengths.sum())
+    gather = np.full((b, shared + width + free), zero, dtype=np.int32)
+    gather[:, :shared] = np.arange(shared)
+    own = np.arange(width)[None] < n[:, None]
+    gather[:, shared:shared + width] = np.where(own, shared + starts[:, None] + np.arange(width)[None], zero)
+    gather = mx.array(gather.reshape(-1))
     buffers = []
-    for i in range(len(parts[0])):
-        k = mx.concatenate([p[i][0] for p in parts], axis=0)[which]
-        v = mx.concatenate([p[i][1] for p in parts], axis=0)[which]
-        empty = mx.zeros(k.shape[:2] + (free,) + k.shape[3:], dtype=k.dtype)
-        if prefix_kv is not None:
-            pk, pv = prefix_kv[i]
-            k = mx.concatenate([mx.broadcast_to(pk, (b,) + pk.shape[1:]), k, empty], axis=2)
-            v = mx.concatenate([mx.broadcast_to(pv, (b,) + pv.shape[1:]), v, empty], axis=2)
-        else:
-            k, v = mx.concatenate([k, empty], axis=2), mx.concatenate([v, empty], axis=2)
-        buffers.append([k, v])
-    n = lengths[np.array([index[tuple(p)] for p in prompts])]
+    for i, (k, v) in enumerate(kv):
+        pair = []
+        for x, p in zip((k, v), (None, None) if prefix_kv is None else prefix_kv[i]):
+            zeros = mx.zeros(x.shape[:2] + (1,) + x.shape[3:], x.dtype)
+            x = mx.concatenate(([p] if p is not None else []) + [x, zeros], axis=2)[0]   # (kv heads, S + N + 1, d)
+            pair.append(x[:, gather].reshape(x.shape[0], b, -1, x.shape[2]).transpose(1, 0, 2, 3))
+        buffers.append(pair)
     key_pos = np.full((b, shared + width + free), -1, dtype=np.int32)
     key_pos[:, :shared] = np.arange(shared)
     key_pos[:, shared:shared + width] = np.where(np.arange(width)[None] < n[:, None], shared + np.arange(width), -1)
     key_pos = mx.array(key_pos)
     next_pos = mx.array((shared + n).astype(np.int32))
-    h = mx.concatenate(last, axis=0)[which]
+    h = last[mx.array(which)]
     mx.eval(h, buffers)
     letter_ids = mx.array(grammar.letter_ids, dtype=mx.int32)
     sep = mx.broadcast_to(mx.array(grammar.sep, dtype=mx.int32)[None], (b, len(grammar.sep)))

@@ -21,6 +21,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..play.episode import TokenSequence
+from ..play.tokens import common_prefix_length
+
+MIN_SHARED_START = 8        # a shorter start shared by a micro-batch's prompts is not worth a pass of its own
 
 
 @dataclass
@@ -36,6 +39,7 @@ class PolicyBatch:
     prefix: np.ndarray | None = None   # (Lp,) a prompt shared by every row; inputs are then the continuations
     prefix_lengths: np.ndarray | None = None   # several prompts: prefix is (P, Lp) right-padded, their lengths
     prefix_rows: np.ndarray | None = None      # and the prompt each row continues (pack_shared_batch)
+    prefix_start: np.ndarray | None = None     # several prompts: the start they share, run once (prefix: the rests)
     excluded: list | None = None       # per sequence: the words on its board (words decoding's letter masks)
 
     @property
@@ -95,7 +99,9 @@ def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence,
                       weights: Sequence[np.ndarray], pad_id: int = 0) -> PolicyBatch:
     """Pack sequences that are each a prompt (mask-0 prefix) followed by a reply; sequences with the same prompt
     share it. With one prompt, `prefix` is that prompt without its last token; with several, `prefix` holds them
-    right-padded (P, Lp), `prefix_lengths` their lengths and `prefix_rows` the prompt of each row. Row i of
+    right-padded (P, Lp), `prefix_lengths` their lengths and `prefix_rows` the prompt of each row; the start they
+    all share (the system prompt, when at least `MIN_SHARED_START` tokens) is then `prefix_start`, run once for all
+    of them, and `prefix` holds only the rests. Row i of
     `inputs` is its prompt's last token followed by reply i (right-padded), so position j of a row predicts reply
     token j."""
     if not (len(sequences) == len(advantages) == len(weights)):
@@ -127,11 +133,16 @@ def pack_shared_batch(sequences: Sequence[TokenSequence], advantages: Sequence,
     if len(prompts) == 1:
         batch.prefix = np.asarray(prompts[0][:-1], dtype=np.int32)
     else:
-        lengths = np.array([len(p) - 1 for p in prompts], dtype=np.int32)
+        heads = [p[:-1] for p in prompts]
+        start = min(common_prefix_length(heads), min(len(h) for h in heads) - 1)
+        start = start if start >= MIN_SHARED_START else 0
+        lengths = np.array([len(h) - start for h in heads], dtype=np.int32)
         batch.prefix = np.full((len(prompts), int(lengths.max())), pad_id, dtype=np.int32)
-        for j, p in enumerate(prompts):
-            batch.prefix[j, :lengths[j]] = p[:-1]
+        for j, h in enumerate(heads):
+            batch.prefix[j, :lengths[j]] = h[start:]
         batch.prefix_lengths, batch.prefix_rows = lengths, np.array(rows, dtype=np.int32)
+        if start:
+            batch.prefix_start = np.asarray(heads[0][:start], dtype=np.int32)
     return batch
 
 
@@ -233,6 +244,8 @@ def batch_arrays(batch: PolicyBatch, letters=None) -> dict:
               "weights": mx.array(batch.weights)}
     if batch.prefix_rows is not None:
         arrays["prefix"] = (mx.array(batch.prefix), mx.array(batch.prefix_lengths), mx.array(batch.prefix_rows))
+        if batch.prefix_start is not None:
+            arrays["prefix"] += (mx.array(batch.prefix_start),)
     elif batch.prefix is not None:
         arrays["prefix"] = mx.array(batch.prefix)
     if letters is not None:

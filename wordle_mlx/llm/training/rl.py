@@ -190,7 +190,7 @@ class UpdateSettings:
     loss: LossSettings
     max_grad_norm: float = 1.0           # 0 = no clipping
     max_tokens_per_microbatch: int = 2048    # padded tokens per micro-batch (the config's rl field)
-    max_loss_tokens: int = 256           # model tokens per micro-batch (each one a logit row)
+    max_loss_tokens: int = 256           # model tokens per micro-batch (each a vocabulary-wide logit row; free only)
     share_prompts: bool = True           # replies to one prompt: run the prompt once (pack_shared_batch)
 
 
@@ -222,8 +222,10 @@ def policy_batch(model, items: Sequence[ScoredItem], s: UpdateSettings, world: W
     weights = [np.full(n, 1.0 / total_tokens) for n in lengths]     # every token of the step counts the same
     model.train()
     packed = []
+    # a letter choice is a 26-wide logit row, not a vocabulary-wide one: only the padded tokens bound its pass
+    loss_cap = s.max_tokens_per_microbatch if s.loss.letters is not None else s.max_loss_tokens
     for idx, pack in micro_batches(seqs, s.share_prompts and has_split_head(model), s.max_tokens_per_microbatch,
-                                   s.max_loss_tokens):
+                                   loss_cap):
         arrays = batch_arrays(pack([seqs[i] for i in idx], [advs[i] for i in idx], [weights[i] for i in idx]),
                               letters=s.loss.letters)
         packed.append((arrays, reference_logprobs(model, arrays, s.loss.temperature) if s.loss.beta > 0 else None))

@@ -122,3 +122,23 @@ class FuseDtypesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DequantizedWeightTest(unittest.TestCase):
+    """`fuse.dequantized_weight` makes a large weight in slices: the same array as one `mx.dequantize` call."""
+
+    def test_slices_equal_one_call(self):
+        import mlx.nn as nn
+        from unittest import mock
+
+        mx.random.seed(0)
+        for module in (nn.Embedding(300, 128), nn.Linear(128, 300)):
+            module.weight = module.weight.astype(mx.bfloat16)
+            q = module.to_quantized(group_size=64, bits=4)
+            whole = mx.dequantize(q.weight, q.scales, q.biases, 64, 4)
+            for values in (1 << 24, 64 * 128, 7 * 128):      # one call, slices of 64 rows, of 7 (the last shorter)
+                with self.subTest(module=type(module).__name__, values=values), \
+                        mock.patch.object(fuse, "DEQUANTIZE_VALUES", values):
+                    got = fuse.dequantized_weight(q)
+                    self.assertEqual((got.shape, got.dtype), (whole.shape, mx.bfloat16))
+                    self.assertTrue(mx.array_equal(got, whole).item())

@@ -21,7 +21,7 @@ is a text-only mlx-lm folder whose config.json matches its weights (mlx-lm and L
 
 Memory: no second full copy of the weights is ever alive. Each LoRA layer is fused, checked and put in its own
 place before the next (its base weight then freed), `--dequantize` dequantizes the other quantized layers one at a
-time the same way, `save` writes the model's own arrays shard by shard and gives them up as it goes, and the
+time the same way (the embedding in slices: `dequantized_weight`), `save` writes the model's own arrays shard by shard and gives them up as it goes, and the
 first model is freed before the saved folder is loaded back. The peak is the larger of the base as loaded and
 the output as saved, plus one layer's check and the check's logits (`planning/fuse_plan.py` plans it).
 """
@@ -93,10 +93,33 @@ def fuse_lora_layers(model, dequantize: bool = False, check=None) -> int:
     return len(names)
 
 
+DEQUANTIZE_VALUES = 1 << 24     # values a `mx.dequantize` call makes at most (see `dequantized_weight`)
+
+
+def dequantized_weight(module) -> mx.array:
+    """The float weight of a quantized linear or embedding, made `DEQUANTIZE_VALUES` at a time into one array
+    (each slice written in place): in one call `mx.dequantize` holds about 5 times its output in temporaries on
+    the CPU, 5 GiB more for the 4B's 262k x 2560 embedding (measured: benchmarks/gemma3_4b_size.py)."""
+    rows, args = module.weight.shape[0], (module.group_size, module.bits)
+    biases = module.get("biases")
+    step = max(1, DEQUANTIZE_VALUES // (module.scales.shape[1] * module.group_size))
+    out = None
+    for lo in range(0, rows, step):
+        part = mx.dequantize(module.weight[lo:lo + step], module.scales[lo:lo + step],
+                             None if biases is None else biases[lo:lo + step], *args,
+                             mode=getattr(module, "mode", "affine"))
+        if rows <= step:
+            return part
+        if out is None:
+            out = mx.zeros((rows, part.shape[1]), part.dtype)
+        out[lo:lo + step] = part
+        mx.eval(out)
+    return out
+
+
 def dense_layer(name, module):
     """A quantized linear or embedding as its float twin (mlx-lm's `dequantize_model`, for one module)."""
-    weight = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits,
-                           mode=getattr(module, "mode", "affine"))
+    weight = dequantized_weight(module)
     if isinstance(module, nn.QuantizedEmbedding):
         layer = nn.Embedding(*weight.shape)
     else:

@@ -6,7 +6,10 @@ Modelfile). Each grammar is read by `gbnf.GbnfMatcher` and, when llama-cpp-pytho
 itself (`llama_sampler_init_grammar` on the tiny GGUF's vocabulary): a legal reply must be accepted token by
 token and then allow the end of generation; a non-word (words) and a missing tag (grammar) must not. llama.cpp
 also plays the tiny GGUF greedily with `LlamaGrammar.from_file`, and its reply must be legal. `--ollama` with the
-untrained-tags adapter must exit 2 with one line and write nothing.
+untrained-tags adapter must exit 2 with one line and write nothing. The logit bias written beside a grammar must
+ban exactly the tokens outside the reply's own (the tags, the 26 letter tokens, the end of turn), and llama.cpp
+playing with it must spell its reply with those tokens. `wordle-mlx grammar --board` must rule out the board's
+words and nothing else, in pure Python and, node by node of the words' trie, in llama.cpp's own grammar sampler.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
-from contextlib import redirect_stderr
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from tests.test_export import make_adapter
@@ -29,8 +32,8 @@ from wordle_mlx.errors import UserError
 from wordle_mlx.game.words import guess_list
 from wordle_mlx.llm.play.gbnf import GbnfMatcher, ReplyPieces, reply_pieces
 from wordle_mlx.llm.model.models import load_model, load_tokenizer, resolve_model
-from wordle_mlx.llm.play.reply_grammar import decoding_record
-from wordle_mlx.stages import export
+from wordle_mlx.llm.play.reply_grammar import LETTERS, WordTrie, decoding_record
+from wordle_mlx.stages import export, grammar
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -41,6 +44,7 @@ NON_WORD = "<guess> c r a n x</guess>"
 NO_CLOSING_TAG = "<guess> c r a n e"
 NO_OPENING_TAG = " c r a n e</guess>"
 ANY_LETTERS = "<guess> x q z z j</guess>"
+BOARD = "crane:XYXXG,sloth"
 
 
 def export_tiny(adapter: Path, out: Path, **options) -> dict:
@@ -68,7 +72,9 @@ def setUpModule():
     make_adapter("builtin:tiny-random", words_adapter)
     config = words_adapter / "adapter_config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), **decoding_record("words", False)}))
-    FIXTURE.update(tmp=tmp, dir=folder, adapter=adapter, words_adapter=words_adapter,
+    with redirect_stdout(io.StringIO()) as board_text:
+        grammar.run(grammar.GrammarConfig(board=BOARD, model="builtin:tiny-random"))
+    FIXTURE.update(tmp=tmp, dir=folder, adapter=adapter, words_adapter=words_adapter, board_text=board_text.getvalue(),
                    plain=export_tiny(adapter, folder / "plain.gguf"), words=export_tiny(words_adapter, folder / "words.gguf"),
                    grammar_text=(folder / "plain.gbnf").read_text(), words_text=(folder / "words.gbnf").read_text())
 
@@ -113,6 +119,58 @@ class ExportFilesTest(GrammarExportCase):
         self.assertIn("--ollama", proc.stderr)
         self.assertIn("never on its whole reply", proc.stderr)
         self.assertEqual(list(out_dir.iterdir()), [])
+
+
+class LogitBiasTest(GrammarExportCase):
+    def reply_vocabulary(self) -> set[int]:
+        """The reply's tokens, read off the tiny tokenizer directly: the tags, each letter's tokens (a space token
+        and the letter in the tiny vocabulary), <end_of_turn>."""
+        _, tokenizer = load_model("builtin:tiny-random")
+        enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+        letters = {t for c in LETTERS for t in enc(f"<guess> {c}")[len(enc("<guess>")):]}
+        self.assertEqual(len(letters), 27)       # the space and 26 letters
+        return {*enc("<guess>"), *enc("</guess>"), *letters, tokenizer.get_vocab()["<end_of_turn>"]}
+
+    def test_the_bias_bans_exactly_the_tokens_outside_the_reply(self):
+        for name, result in (("plain", self.plain), ("words", self.words)):
+            with self.subTest(export=name):
+                bias = json.loads((self.dir / f"{name}.logit_bias.json").read_text())
+                self.assertEqual(result["logit_bias"].rsplit("/", 1)[-1], f"{name}.logit_bias.json")
+                self.assertTrue(all(value is False for _, value in bias))
+                banned = [token for token, _ in bias]
+                self.assertEqual(len(banned), len(set(banned)))
+                self.assertEqual(set(banned), set(range(result["vocab"])) - self.reply_vocabulary())
+
+    def test_the_usage_notes_pass_the_bias_and_a_board_grammar(self):
+        usage = (self.dir / "words.llamacpp.md").read_text()
+        self.assertIn("--slurpfile bias words.logit_bias.json", usage)
+        self.assertIn('"logit_bias": $bias[0]', usage)
+        self.assertIn("json.load(open('words.logit_bias.json'))", usage)
+        self.assertIn("wordle-mlx grammar --model builtin:tiny-random --board crane,sloth", usage)
+        self.assertIn("Ollama takes none", usage)
+        self.assertNotIn("A board's own grammar", (self.dir / "plain.llamacpp.md").read_text())
+
+
+class BoardGrammarTest(GrammarExportCase):
+    def test_the_board_grammar_rules_out_the_board_words_and_nothing_else(self):
+        matcher = GbnfMatcher(self.board_text)
+        pieces = ReplyPieces("<guess>", " ", "</guess>")
+        for word in guess_list():
+            self.assertEqual(matcher.accepts(pieces.reply(word)), word not in ("crane", "sloth"), word)
+
+    def test_a_bad_board_is_a_one_line_error_and_writes_nothing(self):
+        for board, expected in (("crane,xyzzy", "'xyzzy' is not an allowed guess"), ("cran", "has 4 letters"),
+                                ("crane:GGGG", "tiles 'GGGG' are not 5 of G, Y, X")):
+            out = self.dir / "bad.gbnf"
+            proc = subprocess.run([sys.executable, "-m", "wordle_mlx", "grammar", "--board", board, "--model",
+                                   "builtin:tiny-random", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+                                  timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), "WORDLE_MLX_NO_REEXEC": "1"})
+            with self.subTest(board=board):
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+                self.assertTrue(proc.stderr.startswith("error: --board: "), proc.stderr)
+                self.assertIn(expected, proc.stderr)
+                self.assertFalse(out.exists())
 
 
 class PurePythonGrammarTest(GrammarExportCase):
@@ -188,6 +246,75 @@ class LlamaCppGrammarTest(GrammarExportCase):
         self.assertTrue(self.accepts(self.words_text, LEGAL))
         self.assertFalse(self.accepts(self.words_text, NON_WORD))
         self.assertFalse(self.accepts(self.words_text, ANY_LETTERS))
+
+    def letters_allowed(self, sampler, letter_ids: list[int]) -> list[bool]:
+        """Which of the 26 letter tokens `sampler` allows next, in one call."""
+        lib = self.llama_cpp
+        data = (lib.llama_token_data * 26)(*(lib.llama_token_data(t, 0.0, 0.0) for t in letter_ids))
+        candidates = lib.llama_token_data_array(data, 26, -1, False)
+        lib.llama_sampler_apply(sampler, ctypes.byref(candidates))
+        return [not math.isinf(data[i].logit) for i in range(26)]
+
+    def test_llama_cpp_allows_exactly_the_board_grammars_letters_at_every_trie_node(self):
+        """Walks the words' trie in llama.cpp's grammar sampler (a clone per node): at every prefix the letter
+        tokens it allows are those that continue a word off the board; after 5 letters, the closing tag and the end."""
+        lib, tokenize = self.llama_cpp, lambda text: self.llm.tokenize(text.encode(), add_bos=False, special=False)
+        opening = tokenize("<guess>")
+        spelled = [tokenize(f"<guess> {c}")[len(opening):] for c in LETTERS]     # [space] + letter (tiny vocab)
+        sep, letter_ids = spelled[0][:-1], [s[-1] for s in spelled]
+        self.assertTrue(all(s[:-1] == sep for s in spelled))
+        trie, board = WordTrie(guess_list()), ("crane", "sloth")
+        root = lib.llama_sampler_init_grammar(self.vocab, self.board_text.encode("utf-8"), b"root")
+        self.assertTrue(root, "llama.cpp could not parse the board grammar")
+        for token in opening:
+            self.assertTrue(self.allowed(root, token))
+            lib.llama_sampler_accept(root, token)
+        nodes, words = [("", root)], 0
+        while nodes:
+            prefix, sampler = nodes.pop()
+            if len(prefix) == 5:
+                closing = tokenize("</guess>")
+                for token in closing:
+                    self.assertTrue(self.allowed(sampler, token), prefix)
+                    lib.llama_sampler_accept(sampler, token)
+                self.assertTrue(self.allowed(sampler, self.end), prefix)
+                words += 1
+            else:
+                for token in sep:
+                    self.assertTrue(self.allowed(sampler, token), prefix)
+                    lib.llama_sampler_accept(sampler, token)
+                expected = trie.allowed(prefix, board).tolist()
+                self.assertEqual(self.letters_allowed(sampler, letter_ids), expected, prefix)
+                for i in (i for i, ok in enumerate(expected) if ok):
+                    child = lib.llama_sampler_clone(sampler)
+                    lib.llama_sampler_accept(child, letter_ids[i])
+                    nodes.append((prefix + LETTERS[i], child))
+            lib.llama_sampler_free(sampler)
+        self.assertEqual(words, len(guess_list()) - 2)
+
+    def test_greedy_play_with_the_logit_bias_takes_only_reply_tokens(self):
+        import numpy as np
+        from llama_cpp import LlamaGrammar, LogitsProcessorList
+
+        banned = np.array([t for t, _ in json.loads((self.dir / "words.logit_bias.json").read_text())])
+        keep = sorted(set(range(self.words["vocab"])) - set(banned.tolist()))
+
+        def canonical(input_ids, scores):
+            scores[banned] = -np.inf
+            return scores
+        prompt = self.llm.tokenize(b"<start_of_turn>user\nNo clues yet.<end_of_turn>\n<start_of_turn>model\n",
+                                   add_bos=True, special=True)
+        grammar = LlamaGrammar.from_string(self.board_text, verbose=False)
+        reply = []
+        for token in self.llm.generate(prompt, temp=0.0, grammar=grammar,
+                                       logits_processor=LogitsProcessorList([canonical])):
+            reply.append(token)
+            if self.llama_cpp.llama_vocab_is_eog(self.vocab, token) or len(reply) >= 64:
+                break
+        self.assertTrue(set(reply) <= set(keep), reply)
+        spelled = self.llm.detokenize(reply[:-1]).decode("utf-8")
+        word = spelled[len("<guess>"):-len("</guess>")].replace(" ", "")
+        self.assertIn(word, set(guess_list()) - {"crane", "sloth"})
 
     def test_greedy_play_with_the_grammar_file_gives_a_legal_reply(self):
         from llama_cpp import LlamaGrammar

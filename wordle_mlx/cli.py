@@ -396,6 +396,19 @@ def export(adapter: Annotated[Path, typer.Option("--adapter", help="LoRA adapter
     emit(stage.run(export_config(adapter, out, model, dtype, overwrite, ollama, json_output)), json_output)
 
 
+@app.command()
+def grammar(board: Annotated[str, typer.Option("--board", help="The guesses so far, comma-separated, each optionally with its tiles: crane,sloth or crane:XYXXG,sloth:XXGXX.")] = "",
+            model: Annotated[str, typer.Option("--model", help="The model whose tokenizer spells the reply (only its tokenizer files are read).")] = "builtin:gemma-3-270m",
+            decode: Annotated[str, typer.Option("--decode", help="words (the allowed guesses minus the board's) or grammar (any 5 letters).")] = "words",
+            out: Annotated[Optional[Path], typer.Option("--out", help="Write the grammar here (default: stdout).")] = None,
+            json_output: JsonFlag = False) -> None:
+    """The GBNF grammar of one board's reply for llama.cpp: in words decoding, the allowed guesses minus the board's."""
+    from .stages import grammar as stage
+    cfg = load_config(None, stage.GrammarConfig, {"board": board, "model": model, "decode": decode,
+                                                   "out": str(out) if out else None, "json_output": json_output})
+    emit(stage.run(cfg), json_output)
+
+
 @app.command(name="recipe")
 def recipe_command(recipe: Annotated[Optional[Path], typer.Argument(help="The recipe file (default: config/recipe.json).")] = None,
                    model: Annotated[Optional[str], typer.Option("--model", help="The model to train; its dtype, blocks trained, checkpointing and fuse derive from it (default: builtin:gemma-3-270m).")] = None,

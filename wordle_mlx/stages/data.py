@@ -15,13 +15,11 @@ histogram, target length and the replay check. Output depends only on the config
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 from collections import Counter
 
 import numpy as np
-from mlx_lm.utils import load_tokenizer
 from pydantic import Field, model_validator
 
 from ..config import StrictModel, display_path, resolve_path
@@ -34,7 +32,7 @@ from ..game.splits import split_answers
 from ..game.state import MAX_GUESSES
 from ..game.thinking import ThinkStyle, think_text
 from ..game.words import BUILTIN_LISTS
-from ..llm.model.models import download_model, resolve_model
+from ..llm.model.models import tokenizer_for
 from ..llm.play.prompts import NOT_FIVE_LETTERS, PromptConfig, TurnText, build_messages, format_reply
 from ..llm.training.sft_data import invalid_reply, replay_problem
 from ..runtime.progress import console, progress_bar
@@ -92,12 +90,6 @@ class DataConfig(StrictModel):
         if self.retry_fraction > 0 and self.prompt.context != "summary":
             raise ValueError("retry_fraction > 0 needs prompt.context 'summary' (the error is noted in the state)")
         return self
-
-
-@functools.lru_cache(maxsize=2)
-def load_tokenizer_for(spec: str):
-    """The tokenizer of model `spec`, loaded once per run (the word set and the target counts share it)."""
-    return load_tokenizer(download_model(resolve_model(spec), spec, weights=False))
 
 
 def retry_note(kind: str, guess: str) -> str:
@@ -198,7 +190,7 @@ def target_token_counts(records: list[dict], cfg: DataConfig) -> tuple[list[int]
     """Assistant-target lengths in tokens (real with a tokenizer, else characters/4) and how they were counted."""
     if cfg.tokenizer is None:
         return [max(1, round(len(r["messages"][-1]["content"]) / 4)) for r in records], "chars/4"
-    tok = load_tokenizer_for(cfg.tokenizer)
+    tok = tokenizer_for(cfg.tokenizer)
     counts = []
     for r in records:
         full = tok.apply_chat_template(r["messages"], return_dict=False)

@@ -9,7 +9,9 @@ projector are left out, and the output says so. The tokenizer comes from the bun
 folder when it has one, else from its `tokenizer.json`. The GGUF also records the adapter's prompt format
 (`wordle_mlx.prompt`, `wordle_mlx.system_prompt`) and, when the adapter records them, the decoding it was trained
 for and whether its whole reply was trained over the vocabulary (`wordle_mlx.decode`, `wordle_mlx.trained_free`). Beside it go a GBNF
-grammar for the decoding the adapter records (`grammar` when it records none): `NAME.gbnf` (`llm.play.gbnf`), usage
+grammar for the decoding the adapter records (`grammar` when it records none): `NAME.gbnf` (`llm.play.gbnf`), with
+`NAME.logit_bias.json`, the tokens a reply never takes, banned (llama-server's `logit_bias` value), so that
+llama.cpp spells a reply with the decoder's own tokens; usage
 notes for llama.cpp and llama-cpp-python (`NAME.llamacpp.md`) and, for a player that can play free, the Ollama
 Modelfile (`NAME.Modelfile`; `export_files`). Ollama takes no grammar: an adapter that records that its reply tags
 were never trained gets no Modelfile (with a one-line warning), and `--ollama` with such an adapter is refused
@@ -39,13 +41,13 @@ from ..llm.model.gguf_import import bundled_gemma_270m_gguf
 from ..llm.model.models import BUILTIN_PREFIX, load_model, local_model_folder, resolve_model
 from ..llm.model.tiny_model import tiny_vocab
 from ..llm.model.tokenizer_build import GEMMA3_CHAT_TEMPLATE
-from ..llm.play.gbnf import check_reply_gbnf, reply_gbnf, reply_pieces
+from ..llm.play.gbnf import banned_token_ids, check_reply_gbnf, logit_bias_json, reply_gbnf, reply_pieces
 from ..llm.play.prompts import PromptConfig, adapter_prompt, build_messages, describe_state, system_prompt
 from ..llm.play.reply_grammar import adapter_decoding, effective_mode
 from ..planning.fuse_plan import stored_float_dtype
 from ..planning.stage_plan import model_config_dict
 from ..runtime.progress import console
-from .export_files import STOP_PIECE, USAGE_SUFFIX, modelfile_text, usage_text
+from .export_files import LOGIT_BIAS_SUFFIX, STOP_PIECE, USAGE_SUFFIX, modelfile_text, usage_text
 from .export_config import ExportConfig
 from .precision import GGUF_TYPES
 
@@ -171,8 +173,10 @@ def non_text_tensors(folder: Path | None) -> int:
 
 
 def outputs(out: Path, mode: str, modelfile: bool) -> dict[str, Path | None]:
-    """The files one export writes: the GGUF, its grammar (none in free decoding), usage notes, Modelfile."""
+    """The files one export writes: the GGUF, its grammar and logit bias (none in free decoding), usage notes,
+    Modelfile."""
     return {"gguf": out, "grammar": out.with_suffix(".gbnf") if mode != "free" else None,
+            "logit_bias": out.with_suffix(LOGIT_BIAS_SUFFIX) if mode != "free" else None,
             "usage": out.with_name(out.stem + USAGE_SUFFIX), "modelfile": out.with_suffix(".Modelfile") if modelfile else None}
 
 
@@ -231,9 +235,10 @@ def run(cfg: ExportConfig) -> dict:
         pieces = reply_pieces(tokenizer)
         texts["grammar"] = reply_gbnf(mode, pieces, guess_list())
         check_reply_gbnf(texts["grammar"], pieces, files["grammar"].name)
+        texts["logit_bias"] = logit_bias_json(banned_token_ids(tokenizer, len(vocab.pieces)))
     board = build_messages(prompt, [])[-1]["content"]
     texts["usage"] = usage_text(out.name, source, mode, decode, files["grammar"] and files["grammar"].name, system,
-                                board, files["modelfile"] and files["modelfile"].name, no_modelfile)
+                                board, files["logit_bias"] and files["logit_bias"].name, spec, files["modelfile"] and files["modelfile"].name, no_modelfile)
     if files["modelfile"] is not None:
         texts["modelfile"] = modelfile_text(out.name, system, describe_state([], style=prompt.style), source)
     if not cfg.json_output:
@@ -251,7 +256,7 @@ def run(cfg: ExportConfig) -> dict:
         path.unlink()
     skipped = non_text_tensors(folder)
     shown = {key: display_path(p) if p is not None else None for key, p in files.items()}
-    result = {"out": shown["gguf"], "grammar": shown["grammar"], "usage": shown["usage"], "modelfile": shown["modelfile"],
+    result = {"out": shown["gguf"], "grammar": shown["grammar"], "logit_bias": shown["logit_bias"], "usage": shown["usage"], "modelfile": shown["modelfile"],
               "no_modelfile_reason": no_modelfile, "removed": [display_path(p) for p in stale],
               "dtype": cfg.dtype, "gguf_type": GGUF_TYPES[cfg.dtype], "model": spec,
               "adapter": display_path(adapter), "tensors": counts["tensors"], "vocab": counts["vocab"],

@@ -14,6 +14,7 @@ Gemma 3's GELU to the CPU-friendly form of `cpu_kernels.py` (WORDLE_MLX_EXACT_GE
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -216,6 +217,13 @@ def load_tokenizer(model_path: Path, eos_token_ids):
     while len(_TOKENIZERS) > KEEP_TOKENIZERS:
         _TOKENIZERS.popitem(last=False)
     return tokenizer
+
+
+@functools.lru_cache(maxsize=2)
+def tokenizer_for(spec: str):
+    """The tokenizer of model `spec` alone (a Hub model's tokenizer files are downloaded without its weights),
+    loaded once per process."""
+    return mlx_utils.load_tokenizer(download_model(resolve_model(spec), spec, weights=False))
 
 
 def load_model(spec: str, adapter_path: str | os.PathLike | None = None, dtype: str | None = None):

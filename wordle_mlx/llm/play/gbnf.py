@@ -7,8 +7,11 @@ the reply exactly as the model's tokens do (`<guess> c r a n e</guess>`). `gramm
 the tags and 5 letters a-z. `words_gbnf` is `words` decoding: the 5 letters spell an allowed guess, written as
 a trie of the words whose identical subtrees are shared (a minimal automaton: one rule per distinct set of
 endings, letters with the same endings merged into one character class), so the file stays small and parses
-quickly. A GBNF grammar is fixed for the whole game, so unlike wordle-mlx's words decoding it cannot rule out
-the words already on the board. `GbnfMatcher` is a small pure-Python reader of the GBNF subset written here
+quickly. A grammar file is fixed, so unlike wordle-mlx's words decoding it cannot rule out the words already
+on the board; `reply_gbnf(..., board=...)` writes the grammar of one board (`wordle-mlx grammar`), the allowed
+words minus the board's, for a client that sends a fresh grammar each turn. A grammar constrains text, not
+tokens: `banned_token_ids` lists the tokens outside the decoder's own (`reply_token_ids`), which a logit bias
+(`logit_bias_json`) keeps llama.cpp from taking. `GbnfMatcher` is a small pure-Python reader of the GBNF subset written here
 (rules, literals, character classes, rule references, alternatives, groups, comments) that says whether a
 grammar accepts a whole text; it checks the files without llama.cpp.
 """
@@ -19,6 +22,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Collection
+
+import numpy as np
 
 from ...errors import UserError
 from .reply_grammar import LETTERS, LetterGrammar
@@ -75,8 +80,8 @@ def char_class(letters: str) -> str:
     return "[" + "".join(parts) + "]"
 
 
-def header(mode: str, pieces: ReplyPieces, extra: str = "") -> str:
-    return (f"# GBNF grammar of the Wordle player's reply in {mode} decoding, written by `wordle-mlx export`.\n"
+def header(mode: str, pieces: ReplyPieces, extra: str = "", writer: str = "wordle-mlx export") -> str:
+    return (f"# GBNF grammar of the Wordle player's reply in {mode} decoding, written by `{writer}`.\n"
             f"# A reply: {pieces.reply('crane')!r}.{extra}")
 
 
@@ -88,10 +93,10 @@ def grammar_gbnf(pieces: ReplyPieces) -> str:
             + f"letter ::= {letter}\n")
 
 
-def words_gbnf(words: Collection[str], pieces: ReplyPieces) -> str:
-    """`words` decoding: the tags around the letters of one of `words` (5 letters a-z each), as shared-subtree
-    trie rules `pN-K` (the letters from position N on)."""
-    words = sorted(set(words))
+def words_gbnf(words: Collection[str], pieces: ReplyPieces, board: Collection[str] | None = None) -> str:
+    """`words` decoding: the tags around the letters of one of `words` (5 letters a-z each) that is not on the
+    `board` (None: a grammar for every turn), as shared-subtree trie rules `pN-K` (the letters from position N on)."""
+    words = sorted(set(words) - set(board or ()))
     bad = next((w for w in words if len(w) != 5 or not set(w) <= set(LETTERS)), None)
     if bad is not None or not words:
         raise UserError(f"words: {bad!r} is not 5 letters a-z" if bad is not None else "words: the list is empty")
@@ -117,20 +122,49 @@ def words_gbnf(words: Collection[str], pieces: ReplyPieces) -> str:
         return f"p{position}-{ids[position][edges]}"
 
     start = build(words, 0)
-    lines = [header("words", pieces, f" The letters spell one of {len(words)} allowed guesses; a grammar cannot "
-                                     "rule out the words already on the board."),
+    said = (f" The letters spell one of {len(words)} allowed guesses; a grammar cannot rule out the words already "
+            "on the board." if board is None else
+            f" The letters spell one of {len(words)} allowed guesses, the board's words ({', '.join(sorted(board)) or 'none'}) "
+            "ruled out.")
+    lines = [header("words", pieces, said, "wordle-mlx export" if board is None else "wordle-mlx grammar"),
              f"root ::= {literal(pieces.open)} {start} {literal(pieces.close)}"]
     for position in range(5):
         lines += [f"p{position}-{k} ::= {body}" for k, body in enumerate(rules[position])]
     return "\n".join(lines) + "\n"
 
 
-def reply_gbnf(mode: str, pieces: ReplyPieces, words: Collection[str]) -> str:
+def reply_gbnf(mode: str, pieces: ReplyPieces, words: Collection[str], board: Collection[str] | None = None) -> str:
+    """The grammar of one decoding mode; in words decoding, the allowed `words` minus the `board`'s (None: the
+    grammar file for every turn)."""
     if mode == "grammar":
         return grammar_gbnf(pieces)
     if mode == "words":
-        return words_gbnf(words, pieces)
+        return words_gbnf(words, pieces, board)
     raise UserError(f"decode: {mode!r} has no grammar; use {', '.join(GRAMMAR_MODES)}")
+
+
+def reply_token_ids(tokenizer) -> list[int]:
+    """Every token wordle-mlx's grammar and words decoders can write in a reply: the tags' tokens, the separator
+    before a letter (none for Gemma), the 26 letter tokens and the end (`<end_of_turn>`), sorted."""
+    grammar = LetterGrammar.for_tokenizer(tokenizer)
+    return sorted({*grammar.open, *grammar.sep, *grammar.letter_ids, *grammar.close, grammar.end})
+
+
+def banned_token_ids(tokenizer, vocab_size: int) -> list[int]:
+    """The tokens of a `vocab_size` vocabulary outside `reply_token_ids`: banned by the logit bias that keeps
+    llama.cpp to the decoder's own spelling (a grammar constrains text, so without it llama.cpp may spell a
+    letter as a bare space and a letter, a path wordle-mlx never takes)."""
+    keep = reply_token_ids(tokenizer)
+    if keep[-1] >= vocab_size:
+        raise UserError(f"tokenizer: reply token {keep[-1]} is outside the {vocab_size}-token vocabulary")
+    banned = np.ones(vocab_size, dtype=bool)
+    banned[keep] = False
+    return np.flatnonzero(banned).tolist()
+
+
+def logit_bias_json(banned: list[int]) -> str:
+    """The banned tokens as llama-server's `logit_bias` value, `[[id, false], ...]` (false: never sampled)."""
+    return "[" + ",".join(f"[{t},false]" for t in banned) + "]\n"
 
 
 # --- a matcher for the GBNF written above ----------------------------------------------------------------
@@ -234,7 +268,7 @@ class GbnfMatcher:
         return any(len(text) in self.ends(alt, text, 0) for alt in self.rules["root"])
 
 
-def check_reply_gbnf(gbnf: str, pieces: ReplyPieces, source: str) -> None:
-    """The grammar reads, and accepts the sample reply (a bug guard: export writes only grammars that pass)."""
-    if not GbnfMatcher(gbnf, source).accepts(pieces.reply("crane")):
-        raise UserError(f"{source}: the grammar does not accept {pieces.reply('crane')!r}")
+def check_reply_gbnf(gbnf: str, pieces: ReplyPieces, source: str, sample: str = "crane") -> None:
+    """The grammar reads, and accepts the reply of `sample` (a bug guard: only grammars that pass are written)."""
+    if not GbnfMatcher(gbnf, source).accepts(pieces.reply(sample)):
+        raise UserError(f"{source}: the grammar does not accept {pieces.reply(sample)!r}")

@@ -213,8 +213,8 @@ def play_both(model, tokenizer, adapter: Path, count: int, backend: LlamaCppBack
     """N greedy test games on each side in the adapter's decoding mode; the comparison for the report."""
     from wordle_mlx.game.splits import split_words
     from wordle_mlx.game.words import guess_list
+    from wordle_mlx.llm.play.gbnf import reply_token_ids
     from wordle_mlx.llm.play.prompts import parse_reply
-    from wordle_mlx.llm.play.reply_grammar import LetterGrammar
     from wordle_mlx.llm.play.rollout import GameSpec, RolloutConfig, decode_mode, play_games
 
     rollout = RolloutConfig(temperature=0.0).for_adapter(str(adapter))
@@ -224,8 +224,7 @@ def play_both(model, tokenizer, adapter: Path, count: int, backend: LlamaCppBack
     ours = [game_record(e) for e in play_games(model, tokenizer, specs, rollout, allowed)]
     backend.words = allowed if mode == "words" else None
     theirs = [game_record(e) for e in play_games(None, tokenizer, specs, rollout, allowed, generate_fn=backend)]
-    letters = LetterGrammar.for_tokenizer(tokenizer)
-    reply_tokens = {*letters.open, *letters.sep, *letters.letter_ids, *letters.close, *tokenizer.eos_token_ids}
+    reply_tokens = set(reply_token_ids(tokenizer))       # the tokens the logit bias leaves
     differing = []
     for i, (a, b) in enumerate(zip(ours, theirs)):
         first = first_differing_turn(a, b)

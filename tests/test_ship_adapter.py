@@ -199,6 +199,7 @@ class PackageTest(unittest.TestCase):
         readme = (out / "README.md").read_text()
         self.assertIn("packaged from `logs/sft-x/adapters`", readme)
         self.assertIn("guard words: new 3 / 6", readme)
+        self.assertIn("its evals: the `eval_shipped_*.json` below", readme)   # which evals are the old adapter's
         self.assertIn("| `eval_sft_greedy.json` | test | none | 0.0 | words | 3 / 6 |", readme)
         self.assertEqual([p.name for p in out.parent.iterdir()], ["x-wordle"])      # no temp folder left
 

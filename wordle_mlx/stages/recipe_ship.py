@@ -211,7 +211,8 @@ def ship(cfg: ShipConfig) -> dict:
             e = json.loads(path.read_text())
             max_tokens = e.get("max_tokens_per_turn", max_tokens)
             rows.append(eval_row(path, e))
-        guard = ("against the adapter it replaced, on the same games:\n" + "\n".join(f"  - {line}" for line in lines)
+        guard = ("against the adapter it replaced, on the same games (its evals: the `eval_shipped_*.json` below, made "
+                 "while it was the shipped one):\n" + "\n".join(f"  - {line}" for line in lines)
                  if lines else "nothing was shipped before it.")
         (tmp / "README.md").write_text(README.format(
             out=display_path(out), model=cfg.model, adapter=display_path(adapter), total_h=sum(seconds.values()) / 3600,

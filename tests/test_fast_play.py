@@ -25,7 +25,7 @@ from wordle_mlx.llm.play import letter_decoder
 from wordle_mlx.llm.play.tokens import common_prefix_length
 from wordle_mlx.llm.play.reply_grammar import LetterChoices, LetterGrammar
 from wordle_mlx.llm.play.rollout import RolloutConfig, prompt_token_ids
-from wordle_mlx.llm.training.rl import LossSettings, grpo_loss
+from wordle_mlx.llm.training.rl import LossSettings, grpo_loss, policy_logprobs
 from wordle_mlx.llm.training.packing import averaging_weights, batch_arrays, merge_prompt_groups, pack_shared_batch, shared_prompt_groups
 
 from tests import F32_RTOL
@@ -192,6 +192,43 @@ class MultiPromptUpdateTest(unittest.TestCase):
         for k, g in flat(grads).items():
             size = float(mx.abs(summed[k]).max())
             self.assertLessEqual(float(mx.abs(g - summed[k]).max()), 1e-4 * size + 1e-12, k)
+
+    def test_the_packed_stream_gives_the_padded_prompts_log_probs(self):
+        """The update's stream (the shared start once, then each prompt's rest and its replies, no padding) against
+        the padded prompts with a key gather per row (`multi_prefix_logits`): the same log-probs, and the same
+        gradient, within float32 rounding of the logits' size, for replies of very different lengths (two of a
+        single token) scored over the vocabulary and as letter choices, with the prompts' start shared or not."""
+        model, tok = lora_policy("builtin:tiny-random")
+        prompts = board_prompts(tok)[:4]
+        rng = np.random.default_rng(0)
+        lengths = [1, 7, 3, 12, 2, 5, 9, 1]
+        letters = LetterChoices(LetterGrammar.for_tokenizer(tok))
+        ids = np.array(letters.grammar.letter_ids)
+        replies = [[int(t) for t in rng.choice(ids, size=n)] for n in lengths]
+        weights = averaging_weights(lengths)
+        adv = [float(a) for a in rng.normal(size=len(lengths))]
+        for start in (True, False):
+            # without a shared start, the prompts differ from their second token on
+            heads = [p if start else p[:1] + [100 + k] + p[1:] for k, p in enumerate(prompts)]
+            batch = pack_shared_batch([reply_sequence(heads[k % 4], r, [0.0] * len(r)) for k, r in enumerate(replies)],
+                                      adv, weights)
+            self.assertEqual(batch.prefix_start is not None, start)
+            for scoring in (None, letters):
+                arrays = batch_arrays(batch, scoring)
+                self.assertIsNotNone(arrays["packed"])
+                padded = {k: v for k, v in arrays.items() if k != "packed"}
+                model.train()
+                got, want = policy_logprobs(model, arrays, 1.0), policy_logprobs(model, padded, 1.0)
+                loss = lambda a: grpo_loss(model, a, LossSettings(letters=scoring))[0]      # noqa: E731
+                g_got = flat(nn.value_and_grad(model, lambda: loss(arrays))()[1])
+                g_want = flat(nn.value_and_grad(model, lambda: loss(padded))()[1])
+                model.eval()
+                self.assertEqual(got.shape, want.shape)
+                size = float(mx.abs(want).max()) + 1.0
+                self.assertLessEqual(float(mx.abs(got - want).max()), 64 * F32_RTOL * size, (start, scoring))
+                for k, g in g_got.items():
+                    scale = float(mx.abs(g_want[k]).max())
+                    self.assertLessEqual(float(mx.abs(g - g_want[k]).max()), 1e-4 * scale + 1e-12, (start, scoring, k))
 
     def test_micro_batches_respect_the_token_limits(self):
         model, tok = lora_policy("builtin:gemma-3-270m")

@@ -285,9 +285,20 @@ def selected_logprobs(model, inputs, positions, targets, temperature: float, pre
         scaled = shared_prefix_logits(model, prefix, inputs, positions, ids).astype(mx.float32)
     else:
         scaled = selected_logits(model, inputs, positions, ids).astype(mx.float32)
+    return target_logprobs(scaled, targets, temperature, choices)
+
+
+def target_logprobs(scaled: mx.array, targets: mx.array, temperature: float, choices=None) -> mx.array:
+    """log_softmax(logits / T)[target] of float32 logits at the scored positions: over the vocabulary, or with
+    `choices` over the allowed letters (`choice_logprobs`)."""
     if choices is not None:
         return choice_logprobs(scaled, choices["index"], choices["allowed"], temperature)
     if temperature != 1.0:
         scaled = scaled / temperature
     # no full (positions, vocab) log-softmax: the target logit minus the log-partition is enough
     return mx.take_along_axis(scaled, targets[:, None], axis=-1)[:, 0] - mx.logsumexp(scaled, axis=-1)
+
+
+def grad_checkpointed(model) -> bool:
+    """True when `set_grad_checkpoint` switched checkpointing on for this Gemma 3 text model."""
+    return has_split_head(model) and getattr(text_model(model).model, "wordle_grad_checkpoint", False)

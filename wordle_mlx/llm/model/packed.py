@@ -11,11 +11,18 @@ stream would make attention cost N x N, many times the segments' own. The block 
 (`mlx_lm.models.gemma3_text.TransformerBlock`, `block`) with its attention's positions and mask taken over here,
 and its linear layers through `projections` (one product for the LoRA down-projections that read the same input,
 each LoRA delta added in one fused multiply-add), so the hidden states and keys equal a padded batch's to float32
-rounding (tests/test_fast_play.py); the letter steps use the same block. No gradient is needed (decoding only). Gemma 3 text models only (`logits.has_split_head`).
+rounding (tests/test_fast_play.py); the letter steps use the same block. Gemma 3 text models only (`logits.has_split_head`).
+
+The GRPO update packs the same way, with gradient (`PackedGroups`, `packed_groups_hidden`): the stream is the start the
+micro-batch's prompts share, then each prompt's rest followed by its replies. A prompt's token attends to the start
+and its prompt's earlier tokens; a reply's, to the start, its prompt and its own reply's earlier tokens (never
+another reply's). Attention runs over the start, then per chunk of whole prompt groups against the start's keys and
+the chunk's own; in training the linear layers are called as they are (their dropout may act).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import mlx.core as mx
@@ -129,3 +136,69 @@ def packed_prefill(model, segments: Sequence[Sequence[int]], prefix_kv: list | N
                   _packed_attention(attn, x, positions, prefix, chunks, bias, kvs))
     last = mx.array((np.cumsum(lengths) - 1).astype(np.int32))
     return body.norm(h[0, last]), kvs
+
+
+@dataclass
+class PackedGroups:
+    """A GRPO micro-batch of several prompts' replies as one token stream (host side; see the module docstring)."""
+    tokens: np.ndarray          # (N,) int32: the shared start, then per prompt its rest and its replies' inputs
+    positions: np.ndarray       # (N,) int32: each token's position in its own sequence (RoPE, causality)
+    group: np.ndarray           # (N,) int32: the prompt a token belongs to; -1 for the shared start
+    segment: np.ndarray         # (N,) int32: 0 for a prompt's own tokens, 1 + the row for a reply's
+    start: int                  # the shared start's length: the stream's first tokens
+    chunks: list                # (lo, hi) stream ranges after the start: whole prompt groups, attended together
+    gather: np.ndarray          # (M,) int32: the stream index of each scored position, in the batch's order
+
+
+def _group_bias(g: PackedGroups, lo: int, hi: int, window: int | None) -> mx.array:
+    """(n, keys) additive bias of the stream's [lo, hi) against the start's keys (when lo is past it) and its own."""
+    keys = np.arange(lo, hi) if lo < g.start or g.start == 0 else np.concatenate([np.arange(g.start), np.arange(lo, hi)])
+    q = np.arange(lo, hi)
+    gq, gk = g.group[q][:, None], g.group[keys][None, :]
+    sq, sk = g.segment[q][:, None], g.segment[keys][None, :]
+    pq, pk = g.positions[q][:, None], g.positions[keys][None, :]
+    ok = ((gk == -1) | ((gk == gq) & ((sk == 0) | (sk == sq)))) & (pk <= pq)
+    if window is not None:
+        ok &= pq - pk < window
+    return mx.array(np.where(ok, 0.0, -np.inf).astype(np.float32))
+
+
+def _groups_attention(attn, x, positions, g: PackedGroups, ranges, biases):
+    """Gemma 3's attention over the packed stream x (1, N, hidden), each range of queries against its keys."""
+    n = x.shape[1]
+    q, k, v = projections(x, [attn.q_proj, attn.k_proj, attn.v_proj])
+    q = attn.q_norm(q.reshape(n, attn.n_heads, 1, -1))
+    k = attn.k_norm(k.reshape(n, attn.n_kv_heads, 1, -1))
+    q = attn.rope(q, offset=positions)[:, :, 0].transpose(1, 0, 2)[None]       # (1, heads, N, d)
+    k = attn.rope(k, offset=positions)[:, :, 0].transpose(1, 0, 2)[None]
+    v = v.reshape(n, attn.n_kv_heads, -1).transpose(1, 0, 2)[None]
+    outs = []
+    for (lo, hi), bias in zip(ranges, biases):
+        kc, vc = k[:, :, lo:hi], v[:, :, lo:hi]
+        if g.start and lo >= g.start:
+            kc = mx.concatenate([k[:, :, :g.start], kc], axis=2)
+            vc = mx.concatenate([v[:, :, :g.start], vc], axis=2)
+        outs.append(mx.fast.scaled_dot_product_attention(q[:, :, lo:hi], kc, vc, scale=attn.scale, mask=bias))
+    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+    return projections(out.transpose(0, 2, 1, 3).reshape(1, n, -1), [attn.o_proj])[0]
+
+
+def packed_groups_hidden(model, g: PackedGroups) -> mx.array:
+    """(M, hidden) final-normed hidden states at `g.gather`, the stream run once through the body (with gradient)."""
+    body = text_model(model).model
+    ranges = ([(0, g.start)] if g.start else []) + list(g.chunks)
+    window = body.window_size
+    longest = int(g.positions.max()) + 1
+    tokens = mx.array(g.tokens)[None]
+    h = body.embed_tokens(tokens)
+    h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    biases = {None: [_group_bias(g, lo, hi, None).astype(h.dtype) for lo, hi in ranges]}
+    if longest > window:                          # otherwise the sliding window hides nothing
+        biases[window] = [_group_bias(g, lo, hi, window).astype(h.dtype) for lo, hi in ranges]
+    positions = mx.array(g.positions)
+    pattern = body.sliding_window_pattern
+    for i, layer in enumerate(body.layers):
+        glob = i % pattern == pattern - 1
+        bias = biases.get(None if glob else window, biases[None])
+        h = block(layer, h, lambda attn, x, bias=bias: _groups_attention(attn, x, positions, g, ranges, bias))
+    return body.norm(h[0, mx.array(g.gather)])

@@ -7,8 +7,9 @@ the whole step, micro-batches simply add their gradients. Sequences that are one
 reply each (G replies to the same board) are packed by `pack_shared_batch`: the prompt runs through the model once
 and every reply attends to its keys and values (`logits.shared_prefix_logits`), which gives the same log-probs and
 gradients as packing the G full sequences at a fraction of the tokens; `merge_prompt_groups` puts several
-prompts' groups into one such micro-batch (`logits.multi_prefix_logits`), so a step runs in a few large forward
-passes. `micro_batches` cuts a step's sequences so (`max_tokens_per_microbatch` padded tokens,
+prompts' groups into one such micro-batch, so a step runs in a few large forward passes: `packed_groups` lays it
+out as one token stream with no padding (`packed.packed_groups_hidden`), and the padded prompts with a key gather
+per row (`logits.multi_prefix_logits`) serve gradient checkpointing. `micro_batches` cuts a step's sequences so (`max_tokens_per_microbatch` padded tokens,
 `max_loss_tokens` logit rows), and `batch_arrays` turns a packed batch into the MLX arrays the loss reads.
 """
 
@@ -20,6 +21,7 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
+from ..model.packed import ATTENTION_CHUNK, PackedGroups, attention_chunks
 from ..play.episode import TokenSequence
 from ..play.tokens import common_prefix_length
 
@@ -227,6 +229,35 @@ def micro_batches(seqs: Sequence[TokenSequence], share_prompts: bool, max_tokens
     return [(g, pack_shared_batch) for g in shared] + [(g, pack_batch) for g in plain]
 
 
+def packed_groups(batch: PolicyBatch, limit: int = ATTENTION_CHUNK) -> PackedGroups:
+    """A `pack_shared_batch` micro-batch of several prompts as one stream (`packed.PackedGroups`): the shared start,
+    then each prompt's rest followed by its rows (each row's real tokens only: the prompt's last token and the reply
+    before its last token); `gather` maps each flat position of `batch.positions` into the stream."""
+    start = np.zeros(0, np.int32) if batch.prefix_start is None else np.asarray(batch.prefix_start, np.int32)
+    s, width = len(start), batch.inputs.shape[1]
+    rows_of = batch.positions // width
+    lengths = np.bincount(rows_of, minlength=len(batch.inputs))          # each row's real tokens
+    tokens, pos, group, seg = [start], [np.arange(s)], [np.full(s, -1)], [np.zeros(s, np.int64)]
+    offset, sizes, at = np.zeros(len(batch.inputs), np.int64), [], s
+    for p, rest_len in enumerate(batch.prefix_lengths):
+        rest = np.asarray(batch.prefix[p, :rest_len], np.int32)
+        base, first = s + len(rest), at
+        tokens.append(rest), pos.append(s + np.arange(len(rest))), group.append(np.full(len(rest), p))
+        seg.append(np.zeros(len(rest), np.int64))
+        at += len(rest)
+        for i in np.flatnonzero(batch.prefix_rows == p):
+            n = int(lengths[i])
+            tokens.append(batch.inputs[i, :n]), pos.append(base + np.arange(n)), group.append(np.full(n, p))
+            seg.append(np.full(n, 1 + i))
+            offset[i] = at
+            at += n
+        sizes.append(at - first)
+    chunks = [(s + lo, s + hi) for lo, hi in attention_chunks(sizes, limit)]
+    cat = lambda parts: np.concatenate(parts).astype(np.int32)          # noqa: E731
+    gather = offset[rows_of] + batch.positions % width
+    return PackedGroups(cat(tokens), cat(pos), cat(group), cat(seg), s, chunks, gather.astype(np.int32))
+
+
 def choice_arrays(letters, targets: np.ndarray, sequence: np.ndarray, excluded=None) -> dict:
     """What `selected_logprobs` needs to score letter choices: the letter token ids, each target's index among
     them and the letters allowed at its position (in words decoding, off each sequence's `excluded` words)."""
@@ -243,6 +274,7 @@ def batch_arrays(batch: PolicyBatch, letters=None) -> dict:
               "targets": mx.array(batch.targets), "adv": mx.array(batch.advantages),
               "weights": mx.array(batch.weights)}
     if batch.prefix_rows is not None:
+        arrays["packed"] = packed_groups(batch)            # the prompts and replies in one stream (packed.py)
         arrays["prefix"] = (mx.array(batch.prefix), mx.array(batch.prefix_lengths), mx.array(batch.prefix_rows))
         if batch.prefix_start is not None:
             arrays["prefix"] += (mx.array(batch.prefix_start),)

@@ -29,7 +29,8 @@ import mlx.nn as nn
 import numpy as np
 
 from ...game.rewards import ReplyKind, Rewards, TurnFacts
-from ..model.logits import has_split_head, selected_logprobs
+from ..model.logits import grad_checkpointed, has_split_head, project, selected_logprobs, target_logprobs
+from ..model.packed import packed_groups_hidden
 from ..model.lora import lora_disabled
 from ..model.memory import free_cache
 from ..play.episode import Episode, TokenSequence, Turn, reply_sequence
@@ -146,12 +147,24 @@ class LossSettings:
     letters: object = None                 # reply_grammar.LetterChoices in grammar/words decoding, else None
 
 
+def policy_logprobs(model, arrays: dict, temperature: float) -> mx.array:
+    """The micro-batch's log-probs of its model tokens: several prompts' replies as one packed stream
+    (`packed.packed_groups_hidden`) unless gradient checkpointing is on (it checkpoints the padded path's blocks),
+    else `selected_logprobs`."""
+    packed = arrays.get("packed")
+    choices = arrays.get("choices")
+    if packed is not None and not grad_checkpointed(model):
+        logits = project(model, packed_groups_hidden(model, packed), None if choices is None else choices["ids"])
+        return target_logprobs(logits.astype(mx.float32), arrays["targets"], temperature, choices)
+    return selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], temperature,
+                             arrays.get("prefix"), choices)
+
+
 def reference_logprobs(model, arrays: dict, temperature: float):
     """Log-probs of the model tokens under the reference policy, the model with LoRA off, without gradient."""
 
     def logprobs():
-        ref = mx.stop_gradient(selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"],
-                                                 temperature, arrays.get("prefix"), arrays.get("choices")))
+        ref = mx.stop_gradient(policy_logprobs(model, arrays, temperature))
         mx.eval(ref)
         return ref
 
@@ -164,8 +177,7 @@ def reference_logprobs(model, arrays: dict, temperature: float):
 def grpo_loss(model, arrays: dict, settings: LossSettings, ref_logprobs=None):
     """(loss, stats) for one micro-batch; stats are weighted sums (kl) to add across micro-batches."""
 
-    new = selected_logprobs(model, arrays["inputs"], arrays["positions"], arrays["targets"], settings.temperature,
-                            arrays.get("prefix"), arrays.get("choices"))
+    new = policy_logprobs(model, arrays, settings.temperature)
     w, adv = arrays["weights"], arrays["adv"]
     per_token = -mx.exp(new - mx.stop_gradient(new)) * adv          # see the module docstring
     kl = mx.zeros_like(new)

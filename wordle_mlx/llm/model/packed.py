@@ -86,10 +86,11 @@ def block(layer, h: mx.array, attention) -> mx.array:
     return clip_residual(h, layer.post_feedforward_layernorm(r))
 
 
-def _packed_attention(attn, x, positions, prefix, chunks, biases, kv: list):
+def _packed_attention(attn, x, positions, prefix, chunks, biases, kv: list | None = None, start: int = 0):
     """Gemma 3's attention (`gemma3_text.Attention.__call__`) over the packed stream x (1, N, hidden): per-token
-    RoPE positions, and each chunk's queries against the shared start's keys and the chunk's own. Appends the
-    stream's keys and values (1, kv heads, N, d) to `kv`."""
+    RoPE positions, and each chunk's queries against the shared start's keys and the chunk's own. The start's keys
+    and values are `prefix` (from an earlier call), or the stream's first `start` tokens' (for chunks after them).
+    Appends the stream's keys and values (1, kv heads, N, d) to `kv` when given."""
     n = x.shape[1]
     q, k, v = projections(x, [attn.q_proj, attn.k_proj, attn.v_proj])
     q = attn.q_norm(q.reshape(n, attn.n_heads, 1, -1))                         # (N, heads, 1, d): a row a token
@@ -97,12 +98,15 @@ def _packed_attention(attn, x, positions, prefix, chunks, biases, kv: list):
     q = attn.rope(q, offset=positions)[:, :, 0].transpose(1, 0, 2)[None]       # (1, heads, N, d)
     k = attn.rope(k, offset=positions)[:, :, 0].transpose(1, 0, 2)[None]
     v = v.reshape(n, attn.n_kv_heads, -1).transpose(1, 0, 2)[None]
-    kv.append((k, v))
+    if kv is not None:
+        kv.append((k, v))
     outs = []
     for (lo, hi), bias in zip(chunks, biases):
         kc, vc = k[:, :, lo:hi], v[:, :, lo:hi]
         if prefix is not None:
             kc, vc = mx.concatenate([prefix[0], kc], axis=2), mx.concatenate([prefix[1], vc], axis=2)
+        elif start and lo >= start:
+            kc, vc = mx.concatenate([k[:, :, :start], kc], axis=2), mx.concatenate([v[:, :, :start], vc], axis=2)
         outs.append(mx.fast.scaled_dot_product_attention(q[:, :, lo:hi], kc, vc, scale=attn.scale, mask=bias))
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     return projections(out.transpose(0, 2, 1, 3).reshape(1, n, -1), [attn.o_proj])[0]
@@ -163,26 +167,6 @@ def _group_bias(g: PackedGroups, lo: int, hi: int, window: int | None) -> mx.arr
     return mx.array(np.where(ok, 0.0, -np.inf).astype(np.float32))
 
 
-def _groups_attention(attn, x, positions, g: PackedGroups, ranges, biases):
-    """Gemma 3's attention over the packed stream x (1, N, hidden), each range of queries against its keys."""
-    n = x.shape[1]
-    q, k, v = projections(x, [attn.q_proj, attn.k_proj, attn.v_proj])
-    q = attn.q_norm(q.reshape(n, attn.n_heads, 1, -1))
-    k = attn.k_norm(k.reshape(n, attn.n_kv_heads, 1, -1))
-    q = attn.rope(q, offset=positions)[:, :, 0].transpose(1, 0, 2)[None]       # (1, heads, N, d)
-    k = attn.rope(k, offset=positions)[:, :, 0].transpose(1, 0, 2)[None]
-    v = v.reshape(n, attn.n_kv_heads, -1).transpose(1, 0, 2)[None]
-    outs = []
-    for (lo, hi), bias in zip(ranges, biases):
-        kc, vc = k[:, :, lo:hi], v[:, :, lo:hi]
-        if g.start and lo >= g.start:
-            kc = mx.concatenate([k[:, :, :g.start], kc], axis=2)
-            vc = mx.concatenate([v[:, :, :g.start], vc], axis=2)
-        outs.append(mx.fast.scaled_dot_product_attention(q[:, :, lo:hi], kc, vc, scale=attn.scale, mask=bias))
-    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
-    return projections(out.transpose(0, 2, 1, 3).reshape(1, n, -1), [attn.o_proj])[0]
-
-
 def packed_groups_hidden(model, g: PackedGroups) -> mx.array:
     """(M, hidden) final-normed hidden states at `g.gather`, the stream run once through the body (with gradient)."""
     body = text_model(model).model
@@ -200,5 +184,6 @@ def packed_groups_hidden(model, g: PackedGroups) -> mx.array:
     for i, layer in enumerate(body.layers):
         glob = i % pattern == pattern - 1
         bias = biases.get(None if glob else window, biases[None])
-        h = block(layer, h, lambda attn, x, bias=bias: _groups_attention(attn, x, positions, g, ranges, bias))
+        h = block(layer, h, lambda attn, x, bias=bias: _packed_attention(attn, x, positions, None, ranges, bias,
+                                                                          start=g.start))
     return body.norm(h[0, mx.array(g.gather)])

@@ -1,14 +1,15 @@
-"""Where one grammar-decoding call spends its time: the shared start, the boards' prefill, the letter steps.
+"""Where one grammar-decoding call spends its time: the prefill (the shared start and the boards), the letter steps.
 
 The shipped adapter replies greedily to 64 letters-format boards (test words, 0-2 earlier guesses, as
 `decode_roofline.py`) in one `BatchedGenerator` call in grammar decoding. The call's parts are timed by wrapping
-the decoder's model calls (each evaluated before its clock stops): `body_hidden` (the shared start, once),
-`packed_prefill` (every board's remainder in one packed stream) and `_step` (one letter position for every row);
+the decoder's model calls (each evaluated before its clock stops): `packed_prefill` (the shared start and every
+board's remainder in one packed stream) and `_step` (one letter position for every row);
 the rest of the call (the 26-row head, masks, picks, buffers, Python) is what is left. Each part is printed with
 its seconds, its share of the call, the matmul FLOPs its tokens need through the body's linear layers (LoRA
-included, as `decode_roofline.py` counts them) and the rate that gives, as a fraction of the float32 matmul rate
-measured in the same run (512 x hidden x 4 hidden): each part's own roofline fraction. Then the prompt tokens run
-and last `prefill_share X.XX` (the shared start and the boards over the call).
+included unless the decoder folds it into the weights, as `decode_roofline.py` counts them) and the rate that
+gives, as a fraction of the float32 matmul rate measured in the same run (512 x hidden x 4 hidden, the best of 5
+rounds): each part's own roofline fraction. Then the prompt tokens run
+and last `prefill_share X.XX` (the prefill over the call).
 Usage: python benchmarks/decode_profile.py [--adapter adapters/gemma-3-270m-wordle] [--batch 64] [--repeats 2]
 """
 
@@ -40,6 +41,7 @@ def main() -> None:
     from wordle_mlx.game.state import GameState
     from wordle_mlx.llm.model.logits import text_model
     from wordle_mlx.llm.model.models import load_model
+    from wordle_mlx.llm.model.packed import fold_lora
     from wordle_mlx.llm.play import letter_decoder
     from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
     from wordle_mlx.llm.play.rollout import RolloutConfig, prompt_token_ids
@@ -50,16 +52,15 @@ def main() -> None:
     model, tokenizer = load_model(args.model, adapter_path=args.adapter)
     model.eval()
     body = text_model(model).model
-    body_flops = 2 * sum(linear_macs(layer) for layer in body.layers)      # per token
+    body_flops = 2 * sum(linear_macs(layer, lora=not fold_lora(model)) for layer in body.layers)   # per token
     cfg = RolloutConfig().for_adapter(args.adapter)
     openers = ["raise", "clout", "denim", "pygmy"]
     prompts = [prompt_token_ids(tokenizer, cfg, GameState(w, [o for o in openers[:i % 3] if o != w]))
                for i, w in enumerate(split_words("test")[:args.batch])]
-    names = ("prefill: shared start", "prefill: the boards, packed", "letter steps")
+    names = ("prefill: the start and the boards, packed", "letter steps")
     parts = {k: 0.0 for k in names}
     tokens = {k: 0 for k in names}
-    originals = {"body_hidden": letter_decoder.body_hidden, "packed_prefill": letter_decoder.packed_prefill,
-                 "_step": letter_decoder._step}
+    originals = {"packed_prefill": letter_decoder.packed_prefill, "_step": letter_decoder._step}
 
     def timed(name: str, original, count):
         def call(*a, **k):
@@ -71,10 +72,9 @@ def main() -> None:
             return out
         return call
 
-    letter_decoder.body_hidden = timed("prefill: shared start", originals["body_hidden"],
-                                       lambda m, inputs, *a: inputs.size)
-    letter_decoder.packed_prefill = timed("prefill: the boards, packed", originals["packed_prefill"],
-                                          lambda m, segments, *a: sum(len(s) for s in segments))
+    letter_decoder.packed_prefill = timed(names[0], originals["packed_prefill"],
+                                          lambda m, segments, prefix_kv, shared, start=None:
+                                          sum(len(s) for s in segments) + (len(start) if start else 0))
     letter_decoder._step = timed("letter steps", originals["_step"], lambda m, inputs, *a: inputs.size)
     generate = BatchedGenerator(model, tokenizer, mode="grammar")
     greedy = SamplingConfig(completion_batch_size=args.batch)
@@ -100,8 +100,7 @@ def main() -> None:
         print(f"  {name:42s} {s:7.2f} {s / total:6.1%} {tokens[name]:7d} {flops:7.1f} {rate:8.1f} {rate / gflops:9.2f}")
     print(f"  {'the rest (head rows, masks, picks, buffers)':42s} {rest:7.2f} {rest / total:6.1%}")
     print(f"prompt tokens run {ran} (no padding)")
-    prefill = parts["prefill: the boards, packed"] + parts["prefill: shared start"]
-    print(f"prefill_share {prefill / total:.2f}")
+    print(f"prefill_share {parts[names[0]] / total:.2f}")
 
 
 if __name__ == "__main__":

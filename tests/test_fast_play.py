@@ -19,8 +19,9 @@ from wordle_mlx.game.state import GameState
 from wordle_mlx.llm.model.lora import freeze_lora_below
 from wordle_mlx.llm.play.episode import reply_sequence
 from wordle_mlx.llm.play.generation import BatchedGenerator, SamplingConfig
-from wordle_mlx.llm.model.logits import body_hidden, head_rows
-from wordle_mlx.llm.model.packed import attention_chunks, packed_prefill
+from wordle_mlx.llm.model.logits import body_hidden, head_rows, text_model
+from wordle_mlx.llm.model import packed
+from wordle_mlx.llm.model.packed import attention_chunks, fold_lora, packed_prefill, projections
 from wordle_mlx.llm.play import letter_decoder
 from wordle_mlx.llm.play.tokens import common_prefix_length
 from wordle_mlx.llm.play.reply_grammar import LetterChoices, LetterGrammar
@@ -43,14 +44,21 @@ def flat(tree) -> dict:
     return dict(tree_flatten(tree))
 
 
-def padded_prefill(model, segments, prefix_kv, shared):
+def padded_prefill(model, segments, prefix_kv, shared, start=None, folded=False):
     """The reference prefill: one remainder at a time through `body_hidden` after the shared start's keys (no
-    packing, no padding), in `packed_prefill`'s output shapes. The global random state is left as it was (each
-    block call of `body_hidden` would draw a dropout key from it, and no dropout runs here), so a sampled decoding
-    draws what the packed one does."""
-    last, kvs = [], None
+    packing, no padding), in `packed_prefill`'s output shapes; with `start` (the shared tokens themselves) the start
+    runs first through `body_hidden`, and the keys and values returned begin with its own, as the packed stream's
+    do. The global random state is left as it was (each block call of `body_hidden` would draw a dropout key from
+    it, and no dropout runs here), so a sampled decoding draws what the packed one does."""
+    def no_draw(low, high, shape):
+        return mx.zeros(shape, mx.int32)
+
+    if start is not None:
+        with mock.patch.object(mx.random, "randint", no_draw):
+            prefix_kv = body_hidden(model, mx.array(list(start))[None], keep_kv=True)[1]
+    last, kvs = [], [[kv] for kv in prefix_kv] if start is not None else None
     for seg in segments:
-        with mock.patch.object(mx.random, "randint", lambda low, high, shape: mx.zeros(shape, mx.int32)):
+        with mock.patch.object(mx.random, "randint", no_draw):
             hidden, kv = body_hidden(model, mx.array(list(seg))[None], prefix_kv, keep_kv=True)
         last.append(hidden[0, -1])
         kvs = [[k] for k in kv] if kvs is None else [acc + [k] for acc, k in zip(kvs, kv)]
@@ -83,20 +91,28 @@ class PackedPrefillTest(unittest.TestCase):
         g = LetterGrammar.for_tokenizer(tok)
         prompts = uneven_prompts(tok, g)
         letters = head_rows(model, mx.array(g.letter_ids))
-        for shared in (common_prefix_length(prompts), 0):
+        full = common_prefix_length(prompts)
+        for shared, inline in ((full, False), (full, True), (0, False)):  # the start's keys given, or in the stream
             segments = [p[shared:] for p in prompts]
             self.assertEqual(min(len(s) for s in segments), 1 if shared else len(prompts[-1]))
             prefix_kv = body_hidden(model, mx.array(prompts[0][:shared])[None], keep_kv=True)[1] if shared else None
-            got, got_kv = packed_prefill(model, segments, prefix_kv, shared)
+            start = prompts[0][:shared] if inline else None       # and with LoRA folded (fold_lora says yes)
+            got, got_kv = packed_prefill(model, segments, None if inline else prefix_kv, shared, start,
+                                         folded=inline and fold_lora(model))
             want, want_kv = padded_prefill(model, segments, prefix_kv, shared)
+            if inline:                                  # the stream's keys begin with the start's
+                self.assertEqual(got_kv[0][0].shape[2], shared + sum(len(s) for s in segments))
+                want_kv = [tuple(mx.concatenate([p, w], axis=2) for p, w in zip(pkv, wkv))
+                           for pkv, wkv in zip(prefix_kv, want_kv)]
             logits, ref = np.array(got @ letters.T), np.array(want @ letters.T)
             atol = rounding_tolerance(1e-5, float(np.abs(ref).max()), SPLIT_PROMPT_ULPS)
-            np.testing.assert_allclose(logits, ref, rtol=0, atol=atol, err_msg=f"{spec} shared {shared}: letter logits")
+            np.testing.assert_allclose(logits, ref, rtol=0, atol=atol,
+                                       err_msg=f"{spec} shared {shared} {inline}: letter logits")
             for i, ((k, v), (k_ref, v_ref)) in enumerate(zip(got_kv, want_kv)):
                 for x, y, what in ((k, k_ref, "keys"), (v, v_ref, "values")):
                     y = np.array(y)
                     np.testing.assert_allclose(np.array(x), y, rtol=0, atol=F32_RTOL * 10 * float(np.abs(y).max()),
-                                               err_msg=f"{spec} shared {shared} block {i} {what}")
+                                               err_msg=f"{spec} shared {shared} {inline} block {i} {what}")
 
     def check_decoding(self, spec: str):
         model, tok = lora_policy(spec)
@@ -127,6 +143,32 @@ class PackedPrefillTest(unittest.TestCase):
     def test_gemma_270m(self):
         self.check_states("builtin:gemma-3-270m")
         self.check_decoding("builtin:gemma-3-270m")
+
+
+class FoldedLoraTest(unittest.TestCase):
+    """LoRA folded into the weights for decoding on the CPU: the same outputs as the LoRA layers to float32
+    rounding, remade when a LoRA weight changes (a GRPO update), and not made for another dtype or over the limit."""
+
+    def test_folded_layers_give_the_lora_layers_outputs_and_follow_their_weights(self):
+        model, _ = lora_policy("builtin:tiny-random")
+        attn = text_model(model).model.layers[0].self_attn
+        modules = [attn.q_proj, attn.k_proj, attn.v_proj]
+        x = mx.random.normal((3, 7, modules[0].linear.weight.shape[1]))
+        for change in (False, True):
+            if change:                                 # as an update does: new LoRA arrays, the fold remade
+                modules[0].lora_b = modules[0].lora_b + 0.5
+            self.assertTrue(fold_lora(model))
+            for got, want in zip(projections(x, modules, folded=True), [m(x) for m in modules]):
+                want = np.array(want)
+                atol = F32_RTOL * 64 * float(np.abs(want).max())
+                np.testing.assert_allclose(np.array(got), want, rtol=0, atol=atol, err_msg=f"changed {change}")
+
+    def test_no_fold_over_the_limit_or_in_bfloat16(self):
+        model, _ = lora_policy("builtin:tiny-random")
+        with mock.patch.object(packed, "FOLD_LIMIT_BYTES", 0):
+            self.assertFalse(fold_lora(model))
+        model, _ = lora_policy("builtin:tiny-random", "bfloat16")
+        self.assertFalse(fold_lora(model))
 
 
 class BatchIndependenceTest(unittest.TestCase):

@@ -2,14 +2,14 @@
 
 In grammar and words decoding (reply_grammar.py) every reply has the same shape, so all rows decode in lockstep
 and nothing needs continuous batching. `decode_letters(model, grammar, prompts, policy, batch_size)`:
-1. the longest start shared by every prompt (the system prompt) runs through the model once, at batch 1;
-2. each distinct prompt's remainder (the board, then the forced opening tag) runs once, attending to that shared
-   start's keys and values: all remainders end to end as one packed token stream with no padding
-   (`packed.packed_prefill`), so the blocks' matmuls see every board's tokens at once; rows that repeat a prompt
-   (G samples of one board) share its keys and values;
-3. each block gets one key/value buffer for all rows, gathered in one step from the shared start's and the
+1. the longest start shared by every prompt (the system prompt) runs once, and each distinct prompt's remainder
+   (the board, then the forced opening tag) runs once, attending to that shared start's keys and values: the start
+   and all remainders end to end as one packed token stream with no padding (`packed.packed_prefill`), so the
+   blocks' matmuls see every board's tokens at once; rows that repeat a prompt (G samples of one board) share its
+   keys and values, and further chunks of rows reuse the start's;
+2. each block gets one key/value buffer for all rows, gathered in one step from the shared start's and the
    stream's keys and values: the shared start, the row's prompt remainder, and a free slot for each letter to come;
-4. at each letter, the final hidden state of each row is multiplied by the 26 letter rows of the output
+3. at each letter, the final hidden state of each row is multiplied by the 26 letter rows of the output
    projection only. The policy (`LetterPolicy`) masks the letters (grammar: none; words: the letters that continue
    an allowed word off the row's board, from `WordTrie.table()` on the device), picks them (greedy, or sampled by
    inverse CDF from one uniform a row) and scores them, all on the device; the chosen letters (and any forced
@@ -29,8 +29,8 @@ from typing import Collection, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..model.logits import body_hidden, head_rows, text_model
-from ..model.packed import block, packed_prefill, projections
+from ..model.logits import head_rows, text_model
+from ..model.packed import Rotation, block, fold_lora, packed_prefill, projections
 from .reply_grammar import LetterGrammar, WordTrie
 from .tokens import common_prefix_length
 
@@ -50,10 +50,10 @@ class LetterPolicy:
 
 class _SlotKV:
     """The keys/values one block sees in a decoding step: its buffer (B, kv heads, T, d), into whose `slot` the
-    step writes its own. `offset` holds each row's position of the step's first token (RoPE)."""
+    step writes its own. `rotate` is RoPE at the step's positions (`packed.Rotation`)."""
 
-    def __init__(self, buffer: list[mx.array], slot: int, offset: mx.array):
-        self.buffer, self.slot, self.offset = buffer, slot, offset
+    def __init__(self, buffer: list[mx.array], slot: int, rotate: Rotation):
+        self.buffer, self.slot, self.rotate = buffer, slot, rotate
 
     def update_and_fetch(self, keys, values):
         k, v = self.buffer
@@ -63,35 +63,52 @@ class _SlotKV:
         return k, v
 
 
-def _slot_attention(attn, x: mx.array, mask: mx.array, kv: _SlotKV) -> mx.array:
+def _slot_attention(attn, x: mx.array, mask: mx.array, kv: _SlotKV, folded: bool) -> mx.array:
     """Gemma 3's attention (`gemma3_text.Attention.__call__`) of a step's positions against the block's buffer, its
-    linear layers through `packed.projections`."""
+    linear layers through `packed.projections` (`folded` as there)."""
     b, n, _ = x.shape
-    q, k, v = projections(x, [attn.q_proj, attn.k_proj, attn.v_proj])
+    q, k, v = projections(x, [attn.q_proj, attn.k_proj, attn.v_proj], folded)
     q = attn.q_norm(q.reshape(b, n, attn.n_heads, -1).transpose(0, 2, 1, 3))
     k = attn.k_norm(k.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
     v = v.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    k, v = kv.update_and_fetch(attn.rope(k, offset=kv.offset), v)
-    out = mx.fast.scaled_dot_product_attention(attn.rope(q, offset=kv.offset), k, v, scale=attn.scale, mask=mask)
-    return projections(out.transpose(0, 2, 1, 3).reshape(b, n, -1), [attn.o_proj])[0]
+    k, v = kv.update_and_fetch(kv.rotate(k), v)
+    out = _row_attention(kv.rotate(q), k, v, attn.scale, mask)
+    return projections(out.transpose(0, 2, 1, 3).reshape(b, n, -1), [attn.o_proj], folded)[0]
 
 
-def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.array, query_pos: mx.array,
-          slot: int) -> mx.array:
+def _row_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+    """`mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)` for a step's few queries (B, heads,
+    Lq, d) against one key/value head (B, 1, T, d), with the boolean `mask` (B, 1, Lq, T): each row's heads and
+    queries as the rows of one product with its keys, where the CPU fallback makes one product per head (0.6 against
+    1.2 ms a block for 64 rows)."""
+    if k.shape[1] != 1:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    b, heads, n, d = q.shape
+    scores = (q * scale).reshape(b, 1, heads * n, d) @ k.swapaxes(-1, -2)                 # (B, 1, heads Lq, T)
+    scores = mx.where(mask if n == 1 else mx.tile(mask, (1, 1, heads, 1)), scores, -mx.inf)
+    return (mx.softmax(scores, axis=-1, precise=True) @ v).reshape(b, heads, n, d)
+
+
+def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.array, query_pos: np.ndarray,
+          slot: int, folded: bool = False) -> mx.array:
     """Run `inputs` (B, Lq) at positions `query_pos` (B, Lq), writing their keys/values at `slot` of each block's
     buffer; `key_pos` (B, T) is the position of every buffer slot (-1: padding or not yet written, never attended).
-    Returns the final-normed hidden state of each row's last position."""
+    Returns the final-normed hidden state of each row's last position; `folded` as in `packed.projections`."""
     body = text_model(model).model
     h = body.embed_tokens(inputs)
     h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
     keys = key_pos[:, None, None, :]                                                  # (B, 1, 1, T)
-    q = query_pos[:, None, :, None]                                                  # (B, 1, Lq, 1)
+    q = mx.array(query_pos)[:, None, :, None]                                        # (B, 1, Lq, 1)
     causal = (keys >= 0) & (keys <= q)
     sliding = causal & (q - keys < body.window_size)
     pattern = body.sliding_window_pattern
+    rotations = {glob: Rotation(body.layers[pattern - 1 if glob else 0].self_attn.rope, query_pos, 1)
+                 for glob in {i % pattern == pattern - 1 for i in range(len(body.layers))}}
     for i, layer in enumerate(body.layers):
-        mask, kv = causal if i % pattern == pattern - 1 else sliding, _SlotKV(buffers[i], slot, query_pos[:, 0])
-        h = block(layer, h, lambda attn, x, mask=mask, kv=kv: _slot_attention(attn, x, mask, kv))
+        glob = i % pattern == pattern - 1
+        mask, kv = causal if glob else sliding, _SlotKV(buffers[i], slot, rotations[glob])
+        h = block(layer, h, lambda attn, x, mask=mask, kv=kv: _slot_attention(attn, x, mask, kv, folded),
+                  inference=True, folded=folded)
     return body.norm(h[:, -1, :])
 
 
@@ -155,35 +172,35 @@ def decode_letters(model, grammar: LetterGrammar, prompts: Sequence[Sequence[int
     prompts = [list(p) for p in prompts]
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
     shared = min(common_prefix_length(distinct), min(len(p) for p in distinct) - 1)
-    prefix_kv = None
-    ran = shared
-    if shared:
-        _, prefix_kv = body_hidden(model, mx.array(distinct[0][:shared])[None], keep_kv=True)
-        mx.eval(prefix_kv)
+    prefix_kv, ran = None, 0            # the start's keys and values, from the first chunk's stream
     first = {p: j for j, p in enumerate(distinct)}
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), first[tuple(prompts[i])]))
     words = None if policy.trie is None else _device_table(policy.trie)
+    folded = fold_lora(model)
     rows_w = head_rows(model, mx.array(grammar.letter_ids)).T
     letters = np.zeros((len(prompts), 5), dtype=np.int64)
     logprobs = np.zeros((len(prompts), 5), dtype=np.float32)
     for start in range(0, len(order), batch_size):
         rows = np.array(order[start:start + batch_size])
-        chosen, values, n = _decode_chunk(model, grammar, [prompts[i] for i in rows], shared, prefix_kv, rows_w,
-                                          _Picker(policy, rows, words))
+        chosen, values, n, prefix_kv = _decode_chunk(model, grammar, [prompts[i] for i in rows], shared, prefix_kv,
+                                                     rows_w, _Picker(policy, rows, words), folded)
         letters[rows], logprobs[rows] = chosen, values
         ran += n
     return letters.tolist(), logprobs.tolist(), ran
 
 
-def _decode_chunk(model, grammar, prompts, shared, prefix_kv, rows_w, pick: _Picker):
+def _decode_chunk(model, grammar, prompts, shared, prefix_kv, rows_w, pick: _Picker, folded: bool):
     """Decode one chunk of rows, sorted by prompt length (see decode_letters): (letters (B, 5), log-probs (B, 5),
-    prompt tokens run)."""
+    prompt tokens run, the shared start's per-block keys and values). Without `prefix_kv` the shared start runs at
+    the head of the chunk's packed stream."""
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
     index = {p: j for j, p in enumerate(distinct)}
     which = np.array([index[tuple(p)] for p in prompts])
     lengths = np.array([len(p) - shared for p in distinct])
     width, b = int(lengths.max()), len(prompts)
-    last, kv = packed_prefill(model, [p[shared:] for p in distinct], prefix_kv, shared)
+    inline = prefix_kv is None and shared > 0
+    last, kv = packed_prefill(model, [p[shared:] for p in distinct], prefix_kv, shared,
+                              distinct[0][:shared] if inline else None, folded=folded)
     step_len = 1 + len(grammar.sep)
     free = 4 * step_len                                  # a slot for each letter but the last, and its separator
     n, starts = lengths[which], (np.cumsum(lengths) - lengths)[which]
@@ -207,7 +224,7 @@ def _decode_chunk(model, grammar, prompts, shared, prefix_kv, rows_w, pick: _Pic
     key_pos[:, :shared] = np.arange(shared)
     key_pos[:, shared:shared + width] = np.where(np.arange(width)[None] < n[:, None], shared + np.arange(width), -1)
     key_pos = mx.array(key_pos)
-    next_pos = mx.array((shared + n).astype(np.int32))
+    next_pos = (shared + n).astype(np.int32)
     h = last[mx.array(which)]
     mx.eval(h, buffers)
     letter_ids = mx.array(grammar.letter_ids, dtype=mx.int32)
@@ -221,10 +238,13 @@ def _decode_chunk(model, grammar, prompts, shared, prefix_kv, rows_w, pick: _Pic
             mx.eval(chosen, values)
             break
         ids = mx.concatenate([letter_ids[c][:, None], sep], axis=1)
-        query_pos = next_pos[:, None] + mx.arange(step_len, dtype=mx.int32)[None]
+        query_pos = next_pos[:, None] + np.arange(step_len, dtype=np.int32)[None]
         slot = shared + width + t * step_len
-        key_pos[:, slot:slot + step_len] = query_pos
-        h = _step(model, ids, buffers, key_pos, query_pos, slot)
+        key_pos[:, slot:slot + step_len] = mx.array(query_pos)
+        h = _step(model, ids, buffers, key_pos, query_pos, slot, folded=folded)
         next_pos = next_pos + step_len
         mx.eval(h, c, value, key_pos, buffers, getattr(pick, "node", c))
-    return np.array(mx.stack(chosen, axis=1)), np.array(mx.stack(values, axis=1)), int(lengths.sum())
+    if inline:                                      # the start's keys and values, for the next chunks
+        prefix_kv = [(k[:, :, :shared], v[:, :, :shared]) for k, v in kv]
+    ran = int(lengths.sum()) + (shared if inline else 0)
+    return np.array(mx.stack(chosen, axis=1)), np.array(mx.stack(values, axis=1)), ran, prefix_kv

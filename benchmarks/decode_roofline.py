@@ -8,8 +8,8 @@ best of 5 rounds): the prompt tokens that must run through the body (the shared 
 prompt's rest once, no padding; the body's linear layers with LoRA's two factors, or without them where the
 grammar decoder folds LoRA into the weights, `packed.fold_lora`), then in free decoding every decoded token through
 the body and the head (hidden x vocabulary), in grammar decoding the 4 letters that feed the next one (and any
-forced separator) through the body and the 5 letters' 26 head rows, at that many GFLOP/s. Prints, per mode and batch, seconds, replies/s, decoded tokens/s
-and the roofline's replies/s; then `grammar_speedup X.XX` at batch 32 (free seconds over grammar) and last
+forced separator) through the body and the 5 letters' 26 head rows, at that many GFLOP/s. Prints, per mode and
+batch, seconds, replies/s, decoded tokens/s and the roofline's replies/s; then `grammar_speedup X.XX` at batch 32 (free seconds over grammar) and last
 `roofline_fraction X.XX`, grammar decoding's replies/s over its roofline's at batch 64.
 Usage: python benchmarks/decode_roofline.py [--adapter adapters/gemma-3-270m-wordle] [--batches 1 8 32 64]
 """

@@ -28,6 +28,13 @@ def text_model(model):
     return getattr(model, "language_model", model)
 
 
+def embed(body, tokens: mx.array) -> mx.array:
+    """Gemma 3's scaled input embeddings of `tokens`: the embedding times sqrt(hidden), that constant rounded to
+    bfloat16 as mlx-lm's `Gemma3Model.__call__` rounds it (whatever the model's dtype)."""
+    h = body.embed_tokens(tokens)
+    return h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+
+
 def has_split_head(model) -> bool:
     """True when `model(x) == head(body(x))` with the body and head we know how to call separately."""
     lm = text_model(model)
@@ -229,8 +236,7 @@ def body_hidden(model, inputs: mx.array, prefix_kv: list | None = None, keep_kv:
     `prefix_lengths[b]` positions are real. Blocks are checkpointed when `set_grad_checkpoint` asked for it."""
     body = text_model(model).model
     checkpoint = getattr(body, "wordle_grad_checkpoint", False)
-    h = body.embed_tokens(inputs)
-    h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    h = embed(body, inputs)
     pattern = body.sliding_window_pattern
     if prefix_rows is not None:
         offset = prefix_lengths

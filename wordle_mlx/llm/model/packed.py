@@ -37,7 +37,7 @@ from mlx_lm.models.gemma3_text import clip_residual
 
 from ...runtime import device
 from .cpu_kernels import gated_gelu
-from .logits import text_model
+from .logits import embed, text_model
 
 ATTENTION_CHUNK = 128       # stream tokens a chunk of whole segments attends over at once (see the docstring)
 PREFILL_CHUNK = 32          # the prefill's: its boards' remainders are short (9-42 tokens), and on the CPU a chunk
@@ -226,8 +226,7 @@ def packed_prefill(model, segments: Sequence[Sequence[int]], prefix_kv: list | N
         chunks = [(0, shared)] + [(lo + shared, hi + shared) for lo, hi in chunks]
         biases = {w: [_chunk_bias(np.zeros(shared, int), pos[:shared], 0, w)] + b for w, b in biases.items()}
     tokens = mx.array(np.concatenate(parts))[None]
-    h = body.embed_tokens(tokens)
-    h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    h = embed(body, tokens)
     biases = {w: [b.astype(h.dtype) for b in chunk_biases] for w, chunk_biases in biases.items()}
     pattern = body.sliding_window_pattern
     rotations = {glob: Rotation(body.layers[pattern - 1 if glob else 0].self_attn.rope, pos, 1)
@@ -277,8 +276,7 @@ def packed_groups_hidden(model, g: PackedGroups) -> mx.array:
     window = body.window_size
     longest = int(g.positions.max()) + 1
     tokens = mx.array(g.tokens)[None]
-    h = body.embed_tokens(tokens)
-    h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    h = embed(body, tokens)
     biases = {None: [_group_bias(g, lo, hi, None).astype(h.dtype) for lo, hi in ranges]}
     if longest > window:                          # otherwise the sliding window hides nothing
         biases[window] = [_group_bias(g, lo, hi, window).astype(h.dtype) for lo, hi in ranges]

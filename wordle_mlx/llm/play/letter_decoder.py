@@ -29,7 +29,7 @@ from typing import Collection, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..model.logits import head_rows, text_model
+from ..model.logits import embed, head_rows, text_model
 from ..model.packed import Rotation, block, fold_lora, packed_prefill, projections
 from .reply_grammar import LetterGrammar, WordTrie
 from .tokens import common_prefix_length
@@ -95,8 +95,7 @@ def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.ar
     buffer; `key_pos` (B, T) is the position of every buffer slot (-1: padding or not yet written, never attended).
     Returns the final-normed hidden state of each row's last position; `folded` as in `packed.projections`."""
     body = text_model(model).model
-    h = body.embed_tokens(inputs)
-    h = h * mx.array(body.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    h = embed(body, inputs)
     keys = key_pos[:, None, None, :]                                                  # (B, 1, 1, T)
     q = mx.array(query_pos)[:, None, :, None]                                        # (B, 1, Lq, 1)
     causal = (keys >= 0) & (keys <= q)

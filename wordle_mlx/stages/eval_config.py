@@ -1,6 +1,7 @@
 """The `eval` stage's config (`evaluate.py`), apart from the stage so that the planner (`stages/plan.py`) reads it
 without importing the stage: the model and adapter, how many games of which split, empty or seeded boards, the
-rollout settings (`llm/play/rollout.RolloutConfig`, its games decoded 128 at a time), the baselines, the time limit and where the eval JSON goes.
+rollout settings (`llm/play/rollout.RolloutConfig`, its games decoded 128 at a time), the baselines, the time
+limit and where the eval JSON goes.
 """
 
 from __future__ import annotations

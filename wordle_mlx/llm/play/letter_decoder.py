@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..model.logits import embed, head_rows, text_model
-from ..model.packed import Rotation, block, fold_lora, packed_prefill, projections
+from ..model.packed import Rotation, block, fold_lora, grouped_attention, packed_prefill, projections, rotations
 from .reply_grammar import LetterGrammar, WordTrie
 from .tokens import common_prefix_length
 
@@ -72,21 +72,8 @@ def _slot_attention(attn, x: mx.array, mask: mx.array, kv: _SlotKV, folded: bool
     k = attn.k_norm(k.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
     v = v.reshape(b, n, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     k, v = kv.update_and_fetch(kv.rotate(k), v)
-    out = _row_attention(kv.rotate(q), k, v, attn.scale, mask)
+    out = grouped_attention(kv.rotate(q), k, v, attn.scale, mask)
     return projections(out.transpose(0, 2, 1, 3).reshape(b, n, -1), [attn.o_proj], folded)[0]
-
-
-def _row_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
-    """`mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)` for a step's few queries (B, heads,
-    Lq, d) against one key/value head (B, 1, T, d), with the boolean `mask` (B, 1, Lq, T): each row's heads and
-    queries as the rows of one product with its keys, where the CPU fallback makes one product per head (0.6 against
-    1.2 ms a block for 64 rows)."""
-    if k.shape[1] != 1:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    b, heads, n, d = q.shape
-    scores = (q * scale).reshape(b, 1, heads * n, d) @ k.swapaxes(-1, -2)                 # (B, 1, heads Lq, T)
-    scores = mx.where(mask if n == 1 else mx.tile(mask, (1, 1, heads, 1)), scores, -mx.inf)
-    return (mx.softmax(scores, axis=-1, precise=True) @ v).reshape(b, heads, n, d)
 
 
 def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.array, query_pos: np.ndarray,
@@ -101,11 +88,10 @@ def _step(model, inputs: mx.array, buffers: list[list[mx.array]], key_pos: mx.ar
     causal = (keys >= 0) & (keys <= q)
     sliding = causal & (q - keys < body.window_size)
     pattern = body.sliding_window_pattern
-    rotations = {glob: Rotation(body.layers[pattern - 1 if glob else 0].self_attn.rope, query_pos, 1)
-                 for glob in {i % pattern == pattern - 1 for i in range(len(body.layers))}}
+    rotate = rotations(body, query_pos, 1)
     for i, layer in enumerate(body.layers):
         glob = i % pattern == pattern - 1
-        mask, kv = causal if glob else sliding, _SlotKV(buffers[i], slot, rotations[glob])
+        mask, kv = causal if glob else sliding, _SlotKV(buffers[i], slot, rotate[glob])
         h = block(layer, h, lambda attn, x, mask=mask, kv=kv: _slot_attention(attn, x, mask, kv, folded),
                   inference=True, folded=folded)
     return body.norm(h[:, -1, :])

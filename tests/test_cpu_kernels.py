@@ -6,6 +6,7 @@ tunables). Speed is measured in benchmarks/cpu_kernels.py and benchmarks/malloc_
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import subprocess
@@ -19,11 +20,11 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text
 
-from wordle_mlx.runtime.blas import MALLOC_TUNABLES, linux_cpu_env, openblas_coretype
+from wordle_mlx.runtime.blas import MALLOC_TUNABLES, linux_cpu_env, openblas_coretype, single_thread_numpy_blas
 from wordle_mlx.runtime import device
-from wordle_mlx.llm.model import cpu_kernels, lora, models
+from wordle_mlx.llm.model import cpu_kernels, lora, models, packed
 from wordle_mlx.llm.training.sft_loss import loss_sum
-from . import assert_f32_close
+from . import F32_RTOL, assert_f32_close
 
 
 class FastGeluTest(unittest.TestCase):
@@ -175,6 +176,60 @@ class CrossEntropyTest(unittest.TestCase):
         np.testing.assert_array_equal(grad, eager_grad)
         np.testing.assert_array_equal(grad[60:], 0.0)                   # zero-weight rows
         self.assertLess(peak, eager_peak - 8 * x.nbytes)                # 12 intermediates kept eagerly
+
+
+class ChunkAttentionTest(unittest.TestCase):
+    """The packed prefill's attention in numpy gives MLX's, chunk by chunk, for several key heads (the 4B's 8
+    query heads on 4) or one, the start's keys given or at the head of the stream, the sliding window on."""
+
+    def test_matches_mlx_grouped_attention(self):
+        rng = np.random.default_rng(0)
+        lengths, shared, d = [1, 9, 3, 12, 5, 2], 6, 16
+        seg = np.repeat(np.arange(len(lengths)), lengths)
+        pos = (shared + np.arange(len(seg)) - np.repeat(np.cumsum(lengths) - lengths, lengths)).astype(np.int32)
+        chunks = packed.attention_chunks(lengths, 12)
+        for heads, kv_heads in ((8, 4), (4, 1)):
+            for inline, window in ((False, None), (True, None), (True, 8)):
+                n = len(seg) + (shared if inline else 0)
+                q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) * 2
+                           for h in (heads, kv_heads, kv_heads))
+                sk, sv = (rng.standard_normal((shared, kv_heads, d)).astype(np.float32) for _ in range(2))
+                biases = [packed._chunk_bias(seg[lo:hi], pos[lo:hi], shared, window) for lo, hi in chunks]
+                ranges = chunks
+                if inline:
+                    ranges = [(0, shared)] + [(lo + shared, hi + shared) for lo, hi in chunks]
+                    biases = [packed._chunk_bias(np.zeros(shared, int), np.arange(shared), 0, window)] + biases
+                got = cpu_kernels.chunk_attention(q, k, v, 0.25, ranges, biases, None if inline else sk,
+                                                  None if inline else sv, shared if inline else 0)
+                mq, mk, mv = (mx.array(a).transpose(1, 0, 2)[None] for a in (q, k, v))
+                want = []
+                for (lo, hi), bias in zip(ranges, biases):
+                    if inline:
+                        before = (mk[:, :, :shared], mv[:, :, :shared]) if lo >= shared else None
+                    else:
+                        before = tuple(mx.array(a).transpose(1, 0, 2)[None] for a in (sk, sv))
+                    kc, vc = mk[:, :, lo:hi], mv[:, :, lo:hi]
+                    if before is not None:
+                        kc, vc = mx.concatenate([before[0], kc], axis=2), mx.concatenate([before[1], vc], axis=2)
+                    want.append(packed.grouped_attention(mq[:, :, lo:hi], kc, vc, 0.25, mx.array(bias)))
+                want = np.array(mx.concatenate(want, axis=2)[0].transpose(1, 0, 2))
+                self.assertEqual(got.shape, want.shape)
+                # outputs are convex mixes of values of size ~2: float32 rounding of the softmax's sums
+                np.testing.assert_allclose(got, want, rtol=0, atol=F32_RTOL * 64 * float(np.abs(v).max()),
+                                           err_msg=f"heads {heads}/{kv_heads} inline {inline} window {window}")
+
+
+class NumpyBlasTest(unittest.TestCase):
+    def test_numpy_s_own_openblas_runs_on_one_thread(self):
+        maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+        paths = {line.split()[-1] for line in maps.splitlines() if "scipy_openblas" in line}
+        if not paths:
+            self.skipTest("numpy here has no bundled OpenBLAS of its own")
+        self.assertTrue(single_thread_numpy_blas())
+        lib = ctypes.CDLL(sorted(paths)[0])
+        name = next(n for n in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads")
+                    if hasattr(lib, n))
+        self.assertEqual(getattr(lib, name)(), 1)
 
 
 class CoretypeTest(unittest.TestCase):

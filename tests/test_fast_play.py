@@ -92,13 +92,16 @@ class PackedPrefillTest(unittest.TestCase):
         prompts = uneven_prompts(tok, g)
         letters = head_rows(model, mx.array(g.letter_ids))
         full = common_prefix_length(prompts)
-        for shared, inline in ((full, False), (full, True), (0, False)):  # the start's keys given, or in the stream
+        # the start's keys given, or in the stream; attention in numpy (CPU, float32) or in MLX (Metal, bfloat16)
+        for shared, inline, on_numpy in ((full, False, True), (full, True, True), (full, True, False),
+                                         (0, False, True)):
             segments = [p[shared:] for p in prompts]
             self.assertEqual(min(len(s) for s in segments), 1 if shared else len(prompts[-1]))
             prefix_kv = body_hidden(model, mx.array(prompts[0][:shared])[None], keep_kv=True)[1] if shared else None
             start = prompts[0][:shared] if inline else None       # and with LoRA folded (fold_lora says yes)
-            got, got_kv = packed_prefill(model, segments, None if inline else prefix_kv, shared, start,
-                                         folded=inline and fold_lora(model))
+            with mock.patch.object(packed, "numpy_inference", packed.numpy_inference if on_numpy else lambda h: False):
+                got, got_kv = packed_prefill(model, segments, None if inline else prefix_kv, shared, start,
+                                             folded=inline and fold_lora(model))
             want, want_kv = padded_prefill(model, segments, prefix_kv, shared)
             if inline:                                  # the stream's keys begin with the start's
                 self.assertEqual(got_kv[0][0].shape[2], shared + sum(len(s) for s in segments))
@@ -107,12 +110,12 @@ class PackedPrefillTest(unittest.TestCase):
             logits, ref = np.array(got @ letters.T), np.array(want @ letters.T)
             atol = rounding_tolerance(1e-5, float(np.abs(ref).max()), SPLIT_PROMPT_ULPS)
             np.testing.assert_allclose(logits, ref, rtol=0, atol=atol,
-                                       err_msg=f"{spec} shared {shared} {inline}: letter logits")
+                                       err_msg=f"{spec} shared {shared} {inline} {on_numpy}: letter logits")
             for i, ((k, v), (k_ref, v_ref)) in enumerate(zip(got_kv, want_kv)):
                 for x, y, what in ((k, k_ref, "keys"), (v, v_ref, "values")):
                     y = np.array(y)
                     np.testing.assert_allclose(np.array(x), y, rtol=0, atol=F32_RTOL * 10 * float(np.abs(y).max()),
-                                               err_msg=f"{spec} shared {shared} {inline} block {i} {what}")
+                                               err_msg=f"{spec} shared {shared} {inline} {on_numpy} block {i} {what}")
 
     def check_decoding(self, spec: str):
         model, tok = lora_policy(spec)

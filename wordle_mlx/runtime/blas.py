@@ -13,11 +13,14 @@ has the kernel zero hundreds of MB of new pages again. The re-exec also sets GLI
 no mmap, no trimming, one arena, transparent huge pages) so freed blocks stay in the heap for the next step,
 unless the user set GLIBC_TUNABLES (an empty value keeps glibc's defaults). The results are bit for bit the same.
 `describe_blas()` reads /proc/self/maps to say which BLAS this process really has. Set WORDLE_MLX_NO_REEXEC=1
-to opt out of all of it.
+to opt out of all of it. numpy's wheel bundles an OpenBLAS of its own (numpy.libs/libscipy_openblas), with its own
+threads; where numpy makes small products between MLX's (`cpu_kernels.chunk_attention`) its idle threads spin on
+the cores MLX's BLAS needs, and `single_thread_numpy_blas()` keeps it to the calling thread.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import sys
@@ -118,3 +121,29 @@ def describe_blas() -> str:
     if "mlx_cpu.libs" in maps:
         return "reference (bundled with the mlx[cpu] wheel)"
     return ", ".join(sorted(libs)) or "not loaded yet"
+
+
+_NUMPY_BLAS_THREADS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                       "openblas_set_num_threads")
+_numpy_blas: dict[str, bool] = {}
+
+
+def single_thread_numpy_blas() -> bool:
+    """Run numpy's own bundled OpenBLAS on the calling thread only (once a process), and say whether it could.
+    Its products here are small (a prefill chunk's attention: 128 x 256 x 60), so one thread loses nothing, while
+    two spin-wait between calls on the cores MLX's products run on (a 64-board grammar call 2.9 against 2.7 s).
+    MLX's own BLAS is another library and keeps its threads."""
+    if "done" not in _numpy_blas:
+        _numpy_blas["done"] = False
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            maps = ""
+        paths = sorted({line.split()[-1] for line in maps.splitlines() if "scipy_openblas" in line})
+        for path in paths:
+            lib = ctypes.CDLL(path)
+            name = next((n for n in _NUMPY_BLAS_THREADS if hasattr(lib, n)), None)
+            if name is not None:
+                getattr(lib, name)(1)
+                _numpy_blas["done"] = True
+    return _numpy_blas["done"]

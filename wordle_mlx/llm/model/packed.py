@@ -12,7 +12,9 @@ The block is Gemma 3's (`mlx_lm.models.gemma3_text.TransformerBlock`, `block`) w
 mask taken over here; the letter steps use the same block. What makes it fast on the CPU, each the same function
 to float32 rounding (tests/test_fast_play.py): RoPE as a multiply-add with a cos/sin table read off the RoPE
 module once a call (`Rotation`: the module evaluates sin and cos for every element of every block); the heads that
-share a key head as the rows of one attention product; the GELU in numpy (`cpu_kernels.gated_gelu`); and the
+share a key head as the rows of one attention product; in float32, the chunks' attention and the GELU in numpy
+(`cpu_kernels.chunk_attention`, `cpu_kernels.gated_gelu`: a few microseconds a call against MLX's dispatch of
+each small op and its scalar exp and tanh); and the
 linear layers through `projections`: LoRA folded into the weights (`fold_lora`, as mlx-lm's `fuse` makes them,
 kept while the adapter's weights stay the same), or else one product for the LoRA down-projections that read the
 same input and each delta added in one fused multiply-add. Gemma 3 text models only (`logits.has_split_head`).
@@ -36,7 +38,7 @@ import numpy as np
 from mlx_lm.models.gemma3_text import clip_residual
 
 from ...runtime import device
-from .cpu_kernels import gated_gelu
+from .cpu_kernels import chunk_attention, gated_gelu, numpy_inference
 from .logits import embed, text_model
 
 ATTENTION_CHUNK = 128       # stream tokens a chunk of whole segments attends over at once (see the docstring)
@@ -56,14 +58,14 @@ def attention_chunks(lengths: Sequence[int], limit: int = ATTENTION_CHUNK) -> li
     return chunks
 
 
-def _chunk_bias(seg: np.ndarray, pos: np.ndarray, shared: int, window: int | None) -> mx.array:
+def _chunk_bias(seg: np.ndarray, pos: np.ndarray, shared: int, window: int | None) -> np.ndarray:
     """(n, shared + n) additive attention bias of one chunk: 0 where a token may attend, -inf elsewhere."""
     keys = np.concatenate([np.arange(shared), pos])
     same = np.concatenate([np.ones((len(pos), shared), dtype=bool), seg[:, None] == seg[None, :]], axis=1)
     ok = same & (keys[None, :] <= pos[:, None])
     if window is not None:
         ok &= pos[:, None] - keys[None, :] < window
-    return mx.array(np.where(ok, 0.0, -np.inf).astype(np.float32))
+    return np.where(ok, 0.0, -np.inf).astype(np.float32)
 
 
 class Rotation:
@@ -188,19 +190,27 @@ def rotations(body, positions: np.ndarray, head_axis: int) -> dict[bool, Rotatio
 
 
 def _packed_attention(attn, x, rotate: Rotation, prefix, chunks, biases, kv: list | None = None, start: int = 0,
-                      folded: bool = False):
+                      folded: bool = False, on_numpy: bool = False):
     """Gemma 3's attention (`gemma3_text.Attention.__call__`) over the packed stream x (1, N, hidden): per-token
     RoPE positions (`rotate`, at the stream's positions), and each chunk's queries against the shared start's keys
     and the chunk's own. The start's keys and values are `prefix` (from an earlier call), or the stream's first
     `start` tokens' (for chunks after them). Appends the stream's keys and values (1, kv heads, N, d) to `kv` when
-    given; `folded` as in `projections`."""
+    given; `folded` as in `projections`; `on_numpy` (inference on the CPU in float32, with numpy `biases`): the
+    chunks' attention in numpy (`cpu_kernels.chunk_attention`)."""
     n = x.shape[1]
     q, k, v = projections(x, [attn.q_proj, attn.k_proj, attn.v_proj], folded)
-    q = rotate(attn.q_norm(q.reshape(n, attn.n_heads, -1))).transpose(1, 0, 2)[None]        # (1, heads, N, d)
-    k = rotate(attn.k_norm(k.reshape(n, attn.n_kv_heads, -1))).transpose(1, 0, 2)[None]
-    v = v.reshape(n, attn.n_kv_heads, -1).transpose(1, 0, 2)[None]
+    q = rotate(attn.q_norm(q.reshape(n, attn.n_heads, -1)))                                # (N, heads, d)
+    k = rotate(attn.k_norm(k.reshape(n, attn.n_kv_heads, -1)))
+    v = v.reshape(n, attn.n_kv_heads, -1)
     if kv is not None:
-        kv.append((k, v))
+        kv.append((k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]))            # (1, kv heads, N, d)
+    if on_numpy:
+        mx.eval(q, k, v)
+        pk, pv = (None, None) if prefix is None else (np.asarray(p)[0].transpose(1, 0, 2) for p in prefix)
+        out = mx.array(chunk_attention(np.asarray(q), np.asarray(k), np.asarray(v), attn.scale, chunks, biases,
+                                       pk, pv, start))
+        return projections(out.reshape(1, n, -1), [attn.o_proj], folded)[0]
+    q, k, v = (a.transpose(1, 0, 2)[None] for a in (q, k, v))
     outs = []
     for (lo, hi), bias in zip(chunks, biases):
         kc, vc = k[:, :, lo:hi], v[:, :, lo:hi]
@@ -238,7 +248,9 @@ def packed_prefill(model, segments: Sequence[Sequence[int]], prefix_kv: list | N
         biases = {w: [_chunk_bias(np.zeros(shared, int), pos[:shared], 0, w)] + b for w, b in biases.items()}
     tokens = mx.array(np.concatenate(parts))[None]
     h = embed(body, tokens)
-    biases = {w: [b.astype(h.dtype) for b in chunk_biases] for w, chunk_biases in biases.items()}
+    on_numpy = numpy_inference(h)
+    if not on_numpy:
+        biases = {w: [mx.array(b).astype(h.dtype) for b in chunk_biases] for w, chunk_biases in biases.items()}
     pattern = body.sliding_window_pattern
     rotate = rotations(body, pos, 1)
     kvs = []
@@ -247,7 +259,8 @@ def packed_prefill(model, segments: Sequence[Sequence[int]], prefix_kv: list | N
         prefix = None if prefix_kv is None else prefix_kv[i]
         bias = biases.get(None if glob else window, biases[None])
         h = block(layer, h, lambda attn, x, prefix=prefix, bias=bias, rotate=rotate[glob]:
-                  _packed_attention(attn, x, rotate, prefix, chunks, bias, kvs, shared if inline else 0, folded),
+                  _packed_attention(attn, x, rotate, prefix, chunks, bias, kvs, shared if inline else 0, folded,
+                                    on_numpy),
                   inference=True, folded=folded)
     last = mx.array((np.cumsum(lengths) - 1 + (shared if inline else 0)).astype(np.int32))
     return body.norm(h[0, last]), kvs

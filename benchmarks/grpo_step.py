@@ -6,7 +6,7 @@ clipped to 1) on the shipped adapter, for the same B boards of train words, once
 full-vocabulary log-probs in the update, once with `grammar` decoding and the update's log-softmax over the 26
 letters. Each mode starts from the shipped weights. Prints each mode's rollout and update seconds, replies and
 trained tokens, and the update's roofline: the multiply-adds it needs at the float32 matmul rate measured in the
-same run. The update needs each live group's prompt once and each reply's tokens up to its last trained one,
+same run (the best of 5 rounds before the steps and 5 after them). The update needs each live group's prompt once and each reply's tokens up to its last trained one,
 forward through every block and backward (the activations' gradients: the base weights are frozen) through the
 blocks whose LoRA trains, plus the head rows the loss scores (26 letters, or the vocabulary in free decoding).
 Then `update_roofline_fraction X.XX` for the grammar step (its roofline seconds over its update seconds) and last
@@ -79,8 +79,7 @@ def main() -> None:
     block_macs = [linear_macs(layer) for layer in body.layers]
     trained = [bool(tree_flatten(layer.trainable_parameters())) for layer in body.layers]
     vocab = body.args.vocab_size
-    gflops = matmul_gflops(512, body.args.hidden_size, 4 * body.args.hidden_size)
-    print(f"blocks that train: {sum(trained)} of {len(trained)}; float32 matmul measured {gflops:.0f} GFLOP/s")
+    before = matmul_gflops(512, body.args.hidden_size, 4 * body.args.hidden_size)
 
     def needed_flops(items, mode: str) -> float:
         """The update's needed FLOPs (see the module docstring)."""
@@ -96,7 +95,7 @@ def main() -> None:
         head = scored * body.args.hidden_size * (26 if mode != "free" else vocab) * 2   # forward and backward
         return 2 * (tokens * per_token + head)
 
-    seconds, update_fraction = {}, {}
+    seconds, update_fraction, runs = {}, {}, []
     for mode in args.modes:
         model.update(tree_unflatten(start))
         # as the stage's rollout config (stages/grpo.py), in this mode
@@ -118,10 +117,16 @@ def main() -> None:
         result = grpo.policy_update(model, optim.SGD(learning_rate=opt.learning_rate), rollout.items, settings)
         t2 = time.perf_counter()
         seconds[mode] = (t1_rollout - t0) + (t2 - t1)
-        roof = needed_flops(rollout.items, mode) / (gflops * 1e9)
-        update_fraction[mode] = roof / (t2 - t1)
-        print(f"{mode:8s} rollout {t1_rollout - t0:6.1f} s ({len(rollout.replies)} replies, {rollout.tokens_generated} "
-              f"tokens)   update {t2 - t1:6.1f} s ({result.trained_tokens} trained tokens, applied "
+        runs.append((mode, t1_rollout - t0, rollout, t2 - t1, result, needed_flops(rollout.items, mode)))
+    after = matmul_gflops(512, body.args.hidden_size, 4 * body.args.hidden_size)
+    gflops = max(before, after)
+    print(f"blocks that train: {sum(trained)} of {len(trained)}; float32 matmul measured {gflops:.0f} GFLOP/s "
+          f"({before:.0f} before the steps, {after:.0f} after)")
+    for mode, rollout_s, rollout, update_s, result, flops in runs:
+        roof = flops / (gflops * 1e9)
+        update_fraction[mode] = roof / update_s
+        print(f"{mode:8s} rollout {rollout_s:6.1f} s ({len(rollout.replies)} replies, {rollout.tokens_generated} "
+              f"tokens)   update {update_s:6.1f} s ({result.trained_tokens} trained tokens, applied "
               f"{result.applied})   step {seconds[mode]:6.1f} s   update roofline {roof:5.1f} s")
     if "grammar" in update_fraction:
         print(f"update_roofline_fraction {update_fraction['grammar']:.2f}")

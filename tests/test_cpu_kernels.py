@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 import unittest
+from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
@@ -221,7 +222,7 @@ class ChunkAttentionTest(unittest.TestCase):
 
 class NumpyBlasTest(unittest.TestCase):
     def test_numpy_s_own_openblas_runs_on_one_thread(self):
-        maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+        maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
         paths = {line.split()[-1] for line in maps.splitlines() if "scipy_openblas" in line}
         if not paths:
             self.skipTest("numpy here has no bundled OpenBLAS of its own")

@@ -21,6 +21,7 @@ the cores MLX's BLAS needs, and `single_thread_numpy_blas()` keeps it to the cal
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -125,25 +126,23 @@ def describe_blas() -> str:
 
 _NUMPY_BLAS_THREADS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
                        "openblas_set_num_threads")
-_numpy_blas: dict[str, bool] = {}
 
 
+@functools.cache
 def single_thread_numpy_blas() -> bool:
     """Run numpy's own bundled OpenBLAS on the calling thread only (once a process), and say whether it could.
     Its products here are small (a prefill chunk's attention: 128 x 256 x 60), so one thread loses nothing, while
-    two spin-wait between calls on the cores MLX's products run on (a 64-board grammar call 2.9 against 2.7 s).
-    MLX's own BLAS is another library and keeps its threads."""
-    if "done" not in _numpy_blas:
-        _numpy_blas["done"] = False
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            maps = ""
-        paths = sorted({line.split()[-1] for line in maps.splitlines() if "scipy_openblas" in line})
-        for path in paths:
-            lib = ctypes.CDLL(path)
-            name = next((n for n in _NUMPY_BLAS_THREADS if hasattr(lib, n)), None)
-            if name is not None:
-                getattr(lib, name)(1)
-                _numpy_blas["done"] = True
-    return _numpy_blas["done"]
+    two spin-wait between calls on the cores MLX's products run on (a 64-board grammar call 3.8-4.3 s against
+    2.8-3.1 s). MLX's own BLAS is another library and keeps its threads."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    done = False
+    for path in sorted({line.split()[-1] for line in maps.splitlines() if "scipy_openblas" in line}):
+        lib = ctypes.CDLL(path)
+        name = next((n for n in _NUMPY_BLAS_THREADS if hasattr(lib, n)), None)
+        if name is not None:
+            getattr(lib, name)(1)
+            done = True
+    return done

@@ -115,6 +115,11 @@ def mlp_gelu(mlp):
     return gelu_approx_fast if type(mlp) in _FAST_CLASSES.values() else nn.gelu_approx
 
 
+def numpy_inference(x: mx.array) -> bool:
+    """Whether inference on `x` runs the numpy kernels here: on the CPU device, in float32."""
+    return not device.has_gpu() and x.dtype == mx.float32
+
+
 _GELU_ROWS = 32             # rows a numpy pass works on at once (a few of 2048 floats: they stay in the core's cache)
 
 
@@ -124,7 +129,7 @@ def gated_gelu(mlp, gate: mx.array, up: mx.array, inference: bool = False) -> mx
     is vectorised (MLX's compiled kernel runs one element at a time: 12 ms against 4 ms for 1,314 x 2,048 on an
     AVX-512 host), as 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) u on blocks of rows; the same function to
     float32 rounding. Never under a gradient (`inference` says so: it evaluates its inputs)."""
-    if not inference or device.has_gpu() or gate.dtype != mx.float32 or up.dtype != mx.float32:
+    if not (inference and numpy_inference(gate) and numpy_inference(up)):
         return mlp_gelu(mlp)(gate) * up
     mx.eval(gate, up)
     x, u = np.asarray(gate).reshape(-1, gate.shape[-1]), np.asarray(up).reshape(-1, up.shape[-1])
@@ -141,11 +146,6 @@ def gated_gelu(mlp, gate: mx.array, up: mx.array, inference: bool = False) -> mx
         t *= u[a:a + _GELU_ROWS]
         t *= np.float32(0.5)
     return mx.array(out).reshape(gate.shape)
-
-
-def numpy_inference(x: mx.array) -> bool:
-    """Whether inference on `x` runs the numpy kernels here: on the CPU device, in float32."""
-    return not device.has_gpu() and x.dtype == mx.float32
 
 
 def chunk_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, chunks, biases,
